@@ -1,0 +1,22 @@
+import os
+from pathlib import Path
+
+# The Triton interpreter must be chosen before any Triton kernel module is imported.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+COCO128 = Path(__file__).resolve().parents[2] / "shared" / "data" / "coco128" / "coco128.yaml"
+
+
+@pytest.fixture
+def coco128_yaml():
+    if not COCO128.exists():
+        pytest.skip(f"coco128 not found at {COCO128}")
+    return str(COCO128)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)

@@ -1,0 +1,3 @@
+from yolofast.cli import main
+
+raise SystemExit(main())
