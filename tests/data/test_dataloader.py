@@ -1,0 +1,78 @@
+import os
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DistributedSampler
+
+from yolofast.data import build_dataloader, build_dataset
+
+
+@pytest.fixture
+def one_box_set(tmp_path, split_factory):
+    """8 images, one box each, so a sample with more than one box can only come from mosaic."""
+    items = {f"im{i}": f"{i % 3} 0.5 0.5 0.5 0.5\n" for i in range(8)}
+    return str(split_factory(tmp_path, items))
+
+
+BOX = [0.5, 0.5, 0.5, 0.375]  # the 48x64 test images are letterboxed into 64x64: heights x 0.75
+NO_JITTER = dict(translate=0.0, scale=0.0, hsv_h=0, hsv_s=0, hsv_v=0, fliplr=0.0)
+
+
+def _batches(loader, n=2):
+    out = []
+    for i, b in enumerate(loader):
+        out.append(b)
+        if i + 1 == n:
+            break
+    return out
+
+
+def _same(b1, b2):
+    return all(torch.equal(b1[k], b2[k]) for k in ("img", "bboxes", "cls", "batch_idx"))
+
+
+def test_same_seed_same_batches_workers0(one_box_set):
+    ds = build_dataset(one_box_set, imgsz=64, nc=3)
+    a = _batches(build_dataloader(ds, 4, 0, shuffle=True, seed=3))
+    b = _batches(build_dataloader(ds, 4, 0, shuffle=True, seed=3))
+    c = _batches(build_dataloader(ds, 4, 0, shuffle=True, seed=4))
+    assert all(_same(x, y) for x, y in zip(a, b))
+    assert not all(_same(x, y) for x, y in zip(a, c))
+
+
+def test_workers_deterministic_and_close_mosaic_reaches_them(one_box_set):
+    ds = build_dataset(one_box_set, imgsz=64, nc=3, hyp=dict(NO_JITTER, mosaic=1.0))
+    loader = build_dataloader(ds, 4, 2, shuffle=True, seed=0)
+    assert loader.num_workers == min(2, os.cpu_count()) and loader.persistent_workers
+    e1 = _batches(loader)
+    again = _batches(build_dataloader(build_dataset(one_box_set, imgsz=64, nc=3, hyp=dict(NO_JITTER)),
+                                      4, 2, shuffle=True, seed=0))
+    assert all(_same(x, y) for x, y in zip(e1, again))
+    assert any(torch.bincount(b["batch_idx"].long()).max() > 1 for b in e1)  # mosaic was on
+    ds.close_mosaic()  # after the workers exist: must still switch them over
+    for b in _batches(loader):
+        assert torch.bincount(b["batch_idx"].long(), minlength=4).tolist() == [1, 1, 1, 1]
+        torch.testing.assert_close(b["bboxes"], torch.tensor([BOX] * 4), atol=1e-6, rtol=0)
+
+
+def test_distributed_sampler_and_workers_cap(one_box_set, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun sets it; no process group needed for the sampler
+    ds = build_dataset(one_box_set, imgsz=64, nc=3, augment=False)
+    loaders = [build_dataloader(ds, 2, 10_000, shuffle=True, rank=r, seed=1) for r in (0, 1)]
+    parts = []
+    for ld in loaders:
+        assert isinstance(ld.sampler, DistributedSampler)
+        assert ld.num_workers <= (os.cpu_count() or 1)
+        ld.sampler.set_epoch(1)
+        parts.append(list(ld.sampler))
+    assert sorted(parts[0] + parts[1]) == list(range(8))  # each rank gets its own half
+    assert loaders[0].pin_memory == torch.cuda.is_available()
+
+
+def test_val_loader_order_and_no_augmentation(one_box_set):
+    ds = build_dataset(one_box_set, imgsz=64, nc=3, augment=False)
+    b = next(iter(build_dataloader(ds, 8, 0, shuffle=False)))
+    assert b["im_file"] == sorted(b["im_file"])
+    assert b["cls"].view(-1).tolist() == [i % 3 for i in range(8)]
+    np.testing.assert_allclose(b["bboxes"].numpy(), [BOX] * 8, atol=1e-6)

@@ -1,0 +1,195 @@
+"""Image + box augmentations (OpenCV/numpy). Boxes are pixel xyxy float32 (n, 4), classes (n, 1).
+
+Every random draw comes from the `rng` (np.random.Generator) passed in, so a dataset seeded per worker
+replays the same augmentations.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cv2
+import numpy as np
+
+PAD = 114  # grey fill of letterbox/mosaic/affine borders (Ultralytics value)
+
+
+def resize_long_side(img: np.ndarray, imgsz: int, augment: bool) -> np.ndarray:
+    """Resize so the long side is imgsz, keeping the aspect ratio."""
+    h0, w0 = img.shape[:2]
+    r = imgsz / max(h0, w0)
+    if r == 1:
+        return img
+    # INTER_AREA when shrinking for eval gives cleaner pixels; training uses the cheaper INTER_LINEAR.
+    interp = cv2.INTER_LINEAR if (augment or r > 1) else cv2.INTER_AREA
+    w, h = min(max(round(w0 * r), 1), imgsz), min(max(round(h0 * r), 1), imgsz)
+    return cv2.resize(img, (w, h), interpolation=interp)
+
+
+def letterbox(img: np.ndarray, new_shape=640, color=(PAD, PAD, PAD), scaleup: bool = True,
+              center: bool = True):
+    """Resize keeping the aspect ratio, then pad to new_shape (int or (h, w)).
+
+    Returns (img, r, (padw, padh)): a pixel (x, y) of the input maps to (x * r + padw, y * r + padh).
+    """
+    if isinstance(new_shape, int):
+        new_shape = (new_shape, new_shape)
+    h0, w0 = img.shape[:2]
+    r = min(new_shape[0] / h0, new_shape[1] / w0)
+    if not scaleup:
+        r = min(r, 1.0)
+    w, h = round(w0 * r), round(h0 * r)
+    if (w, h) != (w0, h0):
+        img = cv2.resize(img, (w, h), interpolation=cv2.INTER_LINEAR)
+    dw, dh = new_shape[1] - w, new_shape[0] - h
+    left, top = (dw // 2, dh // 2) if center else (0, 0)
+    if dw or dh:
+        img = cv2.copyMakeBorder(img, top, dh - top, left, dw - left, cv2.BORDER_CONSTANT, value=color)
+    return img, r, (left, top)
+
+
+def mosaic4(images, boxes, classes, imgsz: int, rng: np.random.Generator):
+    """Place 4 images around a random centre of a (2*imgsz)^2 grey canvas.
+
+    images: 4 HWC uint8 images (long side <= imgsz); boxes: their pixel xyxy boxes; classes: (n_i, 1).
+    Returns (canvas, boxes, classes), boxes shifted onto the canvas and clipped to it.
+    """
+    s = imgsz
+    c = images[0].shape[2]
+    canvas = np.full((2 * s, 2 * s, c), PAD, dtype=np.uint8)
+    # Centre in the middle half so every quadrant keeps >= s/2 of its side, like Ultralytics' border -s/2.
+    xc, yc = (int(v) for v in rng.uniform(s / 2, 3 * s / 2, 2))
+    out_b, out_c = [], []
+    for i, (img, b, cl) in enumerate(zip(images, boxes, classes)):
+        h, w = img.shape[:2]
+        if i == 0:  # top-left: its bottom-right corner at the centre
+            xa1, ya1, xa2, ya2 = max(xc - w, 0), max(yc - h, 0), xc, yc
+            xb1, yb1 = w - (xa2 - xa1), h - (ya2 - ya1)
+        elif i == 1:  # top-right
+            xa1, ya1, xa2, ya2 = xc, max(yc - h, 0), min(xc + w, 2 * s), yc
+            xb1, yb1 = 0, h - (ya2 - ya1)
+        elif i == 2:  # bottom-left
+            xa1, ya1, xa2, ya2 = max(xc - w, 0), yc, xc, min(yc + h, 2 * s)
+            xb1, yb1 = w - (xa2 - xa1), 0
+        else:  # bottom-right
+            xa1, ya1, xa2, ya2 = xc, yc, min(xc + w, 2 * s), min(yc + h, 2 * s)
+            xb1, yb1 = 0, 0
+        canvas[ya1:ya2, xa1:xa2] = img[yb1:yb1 + (ya2 - ya1), xb1:xb1 + (xa2 - xa1)]
+        if len(b):
+            out_b.append(b + np.array([xa1 - xb1, ya1 - yb1] * 2, dtype=np.float32))
+            out_c.append(cl)
+    if out_b:
+        b = np.concatenate(out_b)
+        np.clip(b, 0, 2 * s, out=b)  # the cut parts of each image lie outside the canvas only
+        cl = np.concatenate(out_c)
+    else:
+        b, cl = np.zeros((0, 4), np.float32), np.zeros((0, 1), np.float32)
+    return canvas, b, cl
+
+
+def box_candidates(old: np.ndarray, new: np.ndarray, wh_thr=2.0, ar_thr=100.0, area_thr=0.1, eps=1e-16):
+    """Keep boxes still > wh_thr px wide and high, >= area_thr of their (scaled) area, aspect < ar_thr."""
+    w1, h1 = old[:, 2] - old[:, 0], old[:, 3] - old[:, 1]
+    w2, h2 = new[:, 2] - new[:, 0], new[:, 3] - new[:, 1]
+    ar = np.maximum(w2 / (h2 + eps), h2 / (w2 + eps))
+    return (w2 > wh_thr) & (h2 > wh_thr) & (w2 * h2 / (w1 * h1 + eps) > area_thr) & (ar < ar_thr)
+
+
+def affine_matrix(in_hw, out_hw, rng, degrees=0.0, translate=0.1, scale=0.5, shear=0.0, perspective=0.0):
+    """3x3 matrix: centre -> perspective -> rotate+scale -> shear -> translate into the output.
+
+    Returns (M, s) with s the random scale factor (needed to judge how much of a box a crop removed).
+    """
+    h, w = in_hw
+    oh, ow = out_hw
+    C = np.eye(3)
+    C[0, 2], C[1, 2] = -w / 2, -h / 2
+    P = np.eye(3)
+    P[2, 0], P[2, 1] = rng.uniform(-perspective, perspective, 2)
+    R = np.eye(3)
+    a = rng.uniform(-degrees, degrees)
+    s = rng.uniform(1 - scale, 1 + scale)
+    R[:2] = cv2.getRotationMatrix2D(center=(0, 0), angle=a, scale=s)
+    S = np.eye(3)
+    S[0, 1], S[1, 0] = (math.tan(math.radians(v)) for v in rng.uniform(-shear, shear, 2))
+    T = np.eye(3)
+    T[0, 2] = rng.uniform(0.5 - translate, 0.5 + translate) * ow
+    T[1, 2] = rng.uniform(0.5 - translate, 0.5 + translate) * oh
+    return T @ S @ R @ P @ C, s
+
+
+def transform_boxes(boxes: np.ndarray, M: np.ndarray, out_hw) -> np.ndarray:
+    """Map xyxy boxes through M by their 4 corners; new box = corners' extent clipped to the output."""
+    n = len(boxes)
+    if n == 0:
+        return boxes
+    x1, y1, x2, y2 = boxes.T
+    xy = np.ones((n * 4, 3), dtype=np.float64)
+    xy[:, 0] = np.stack([x1, x2, x1, x2], 1).reshape(-1)
+    xy[:, 1] = np.stack([y1, y2, y2, y1], 1).reshape(-1)
+    xy = xy @ M.T
+    xy = xy[:, :2] / xy[:, 2:3] if M[2, 0] or M[2, 1] else xy[:, :2]
+    xs, ys = xy[:, 0].reshape(n, 4), xy[:, 1].reshape(n, 4)
+    out = np.stack([xs.min(1), ys.min(1), xs.max(1), ys.max(1)], 1)
+    out[:, 0::2] = out[:, 0::2].clip(0, out_hw[1])
+    out[:, 1::2] = out[:, 1::2].clip(0, out_hw[0])
+    return out.astype(np.float32)
+
+
+def random_affine(img, boxes, classes, rng, degrees=0.0, translate=0.1, scale=0.5, shear=0.0,
+                  perspective=0.0, border=0):
+    """Random perspective/affine warp; border < 0 crops (mosaic canvas 2s -> s with border -s/2).
+
+    Boxes are transformed by their corners, clipped and filtered by box_candidates.
+    """
+    h, w = img.shape[:2]
+    oh, ow = h + 2 * border, w + 2 * border
+    M, s = affine_matrix((h, w), (oh, ow), rng, degrees, translate, scale, shear, perspective)
+    if border != 0 or not np.allclose(M, np.eye(3)):
+        if perspective:
+            img = cv2.warpPerspective(img, M, dsize=(ow, oh), borderValue=(PAD, PAD, PAD))
+        else:
+            img = cv2.warpAffine(img, M[:2], dsize=(ow, oh), borderValue=(PAD, PAD, PAD))
+    if len(boxes):
+        new = transform_boxes(boxes, M, (oh, ow))
+        keep = box_candidates(boxes * s, new)
+        boxes, classes = new[keep], classes[keep]
+    return img, boxes, classes
+
+
+def augment_hsv(img: np.ndarray, rng, hgain=0.5, sgain=0.5, vgain=0.5) -> np.ndarray:
+    """Random hue/saturation/value gains on a BGR uint8 image through 256-entry LUTs -> a new image
+    (never in place: the input may be a RAM-cached image)."""
+    if not (hgain or sgain or vgain):
+        return img
+    r = rng.uniform(-1, 1, 3) * (hgain, sgain, vgain) + 1
+    hue, sat, val = cv2.split(cv2.cvtColor(img, cv2.COLOR_BGR2HSV))
+    x = np.arange(256, dtype=np.float64)
+    lut_h = ((x * r[0]) % 180).astype(np.uint8)  # OpenCV 8-bit hue spans 0..179
+    lut_s = np.clip(x * r[1], 0, 255).astype(np.uint8)
+    lut_v = np.clip(x * r[2], 0, 255).astype(np.uint8)
+    hsv = cv2.merge((cv2.LUT(hue, lut_h), cv2.LUT(sat, lut_s), cv2.LUT(val, lut_v)))
+    return cv2.cvtColor(hsv, cv2.COLOR_HSV2BGR)
+
+
+def flip_lr(img, boxes):
+    w = img.shape[1]
+    if len(boxes):
+        boxes = boxes.copy()
+        boxes[:, [0, 2]] = w - boxes[:, [2, 0]]
+    return np.ascontiguousarray(img[:, ::-1]), boxes
+
+
+def flip_ud(img, boxes):
+    h = img.shape[0]
+    if len(boxes):
+        boxes = boxes.copy()
+        boxes[:, [1, 3]] = h - boxes[:, [3, 1]]
+    return np.ascontiguousarray(img[::-1]), boxes
+
+
+def mixup(img1, boxes1, cls1, img2, boxes2, cls2, rng):
+    """Blend two same-size images with r ~ Beta(32, 32) (close to 0.5) and keep both label sets."""
+    r = rng.beta(32.0, 32.0)
+    img = (img1.astype(np.float32) * r + img2.astype(np.float32) * (1 - r)).astype(np.uint8)
+    return img, np.concatenate([boxes1, boxes2]), np.concatenate([cls1, cls2])
