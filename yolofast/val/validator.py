@@ -1,0 +1,248 @@
+"""Validation loop: model -> NMS -> matching -> P, R, mAP50, mAP50-95 (+ the validation loss)."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from yolofast.boxes import xywh2xyxy
+from yolofast.val.metrics import IOU_THRESHOLDS, APResult, ap_per_class, match_predictions
+from yolofast.val.nms import non_max_suppression
+
+LOSS_KEYS = ("val/box_loss", "val/cls_loss", "val/dfl_loss")
+
+
+def as_device(device) -> torch.device:
+    """'cpu', 'cuda', 'cuda:1', torch.device, or Ultralytics-style '0' / '0,1' (first GPU used)."""
+    if isinstance(device, torch.device):
+        return device
+    if device is None or device == "":
+        return torch.device("cpu")
+    s = str(device).strip().lower()
+    if s.replace(",", "").isdigit():
+        s = f"cuda:{s.split(',')[0]}"
+    return torch.device(s)
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    if a.type != b.type:
+        return False
+    if a.type != "cuda":
+        return True
+    current = torch.cuda.current_device()
+    return (a.index if a.index is not None else current) == (b.index if b.index is not None else current)
+
+
+class Validator:
+    """Runs a detection model over a data loader and computes COCO-style metrics.
+
+    dataloader yields batches of the ``yolofast.data`` format (``img`` uint8 (B,3,H,W), ``batch_idx``,
+    ``cls``, ``bboxes`` normalized xywh of the letterboxed image, ...); names: dict class id -> name.
+    loss: optional ``DetectionLoss``-like callable ``loss(feats, batch) -> (total, items (3,))``; its items
+    are averaged over batches. half: run the model under autocast (fp16 on CUDA, bf16 on CPU) without
+    changing its weights. The model must already be on ``device``.
+    ``validator(model)`` returns the dict of common.md; the last result is also kept in ``self.result``.
+    """
+
+    def __init__(
+        self,
+        dataloader,
+        names,
+        conf: float = 0.001,
+        iou: float = 0.7,
+        max_det: int = 300,
+        loss=None,
+        device="cpu",
+        half: bool = False,
+        verbose: bool = False,
+        progress: bool = True,
+    ):
+        self.dataloader = dataloader
+        self.names = dict(enumerate(names)) if isinstance(names, (list, tuple)) else dict(names)
+        self.conf, self.iou, self.max_det = conf, iou, max_det
+        self.loss = loss
+        self.device = as_device(device)
+        self.half = half
+        self.verbose = verbose
+        self.progress = progress
+        self.result: APResult | None = None
+        self.seen = 0
+
+    def _autocast(self):
+        if not self.half:
+            return contextlib.nullcontext()
+        dtype = torch.float16 if self.device.type == "cuda" else torch.bfloat16
+        return torch.autocast(self.device.type, dtype=dtype)
+
+    def _check_model_device(self, model):
+        p = next(model.parameters(), None)
+        if p is not None and not _same_device(p.device, self.device):
+            raise ValueError(
+                f"Validator(device='{self.device}') but the model's parameters are on {p.device}: "
+                f"move the model with model.to('{self.device}') or pass device='{p.device}'"
+            )
+
+    def __call__(self, model) -> dict:
+        self._check_model_device(model)
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.inference_mode():
+                return self._run(model)
+        finally:
+            model.train(was_training)
+
+    def _run(self, model) -> dict:
+        stats = {"tp": [], "conf": [], "pred_cls": [], "target_cls": []}
+        loss_sum = torch.zeros(3, device=self.device)
+        n_batches, self.seen = 0, 0
+        self.images_per_class: dict[int, int] = {}
+        bar = tqdm(
+            self.dataloader,
+            desc=f"{'':>22}{'Images':>11}{'Instances':>11}{'P':>11}{'R':>11}{'mAP50':>11}{'mAP50-95':>11}",
+            disable=not self.progress,
+            bar_format="{l_bar}{bar:10}{r_bar}",
+        )
+        for batch in bar:
+            n_batches += 1
+            img = batch["img"].to(self.device, non_blocking=True).float() / 255
+            with self._autocast():
+                feats = model.forward_feats(img)
+            feats = [f.float() for f in feats]  # loss and box decoding in fp32 (pixel coords up to 640+)
+            if self.loss is not None:
+                items = self.loss(feats, self._targets_to_device(batch))[1]
+                loss_sum += items.detach().float().to(self.device)
+            dets = non_max_suppression(model.decode(feats), self.conf, self.iou, self.max_det)
+            self._update_stats(stats, dets, batch, img.shape[2], img.shape[3])
+        bar.close()
+
+        if stats["tp"]:
+            cat = {k: np.concatenate(v, 0) for k, v in stats.items()}
+        else:
+            cat = {"tp": np.zeros((0, len(IOU_THRESHOLDS)), bool), "conf": [], "pred_cls": []}
+            cat["target_cls"] = []
+        self.result = ap_per_class(cat["tp"], cat["conf"], cat["pred_cls"], cat["target_cls"])
+        out = self.result.results_dict()
+        if self.loss is not None:
+            items = (loss_sum / max(n_batches, 1)).cpu().tolist()
+            out.update(dict(zip(LOSS_KEYS, items)))
+        if self.verbose:
+            self.print_results()
+        return out
+
+    def _targets_to_device(self, batch) -> dict:
+        # The loss reads the targets on the feats' device; "img" is not needed again, so it is not copied.
+        return {k: v.to(self.device) if torch.is_tensor(v) and k != "img" else v for k, v in batch.items()}
+
+    def _update_stats(self, stats, dets, batch, h, w):
+        scale = torch.tensor([w, h, w, h], dtype=torch.float32)
+        batch_idx = batch["batch_idx"].view(-1).cpu()
+        gt_cls_all = batch["cls"].view(-1).cpu()
+        gt_box_all = xywh2xyxy(batch["bboxes"].view(-1, 4).cpu().float() * scale)
+        for si, det in enumerate(dets):
+            self.seen += 1
+            keep = batch_idx == si
+            gt_cls, gt_box = gt_cls_all[keep], gt_box_all[keep]
+            det = det.detach().float().cpu()
+            tp = match_predictions(det[:, :4], det[:, 4], det[:, 5], gt_box, gt_cls)
+            stats["tp"].append(tp)
+            stats["conf"].append(det[:, 4].numpy())
+            stats["pred_cls"].append(det[:, 5].numpy())
+            stats["target_cls"].append(gt_cls.numpy())
+            for c in gt_cls.unique().long().tolist():
+                self.images_per_class[c] = self.images_per_class.get(c, 0) + 1
+
+    def print_results(self):
+        """One line for all classes, then one per class with GT: images holding it, instances, P, R, mAP50,
+        mAP50-95 (Ultralytics' table layout)."""
+        r = self.result
+        if r is None:
+            return
+        fmt = "%22s" + "%11i" * 2 + "%11.3g" * 4
+        print(fmt % ("all", self.seen, int(r.nt.sum()), r.mp, r.mr, r.map50, r.map))
+        if r.nt.sum() == 0:
+            print("WARNING: no labels found in the validation set, metrics cannot be computed")
+        for i, c in enumerate(r.classes):
+            name = self.names.get(int(c), str(int(c)))
+            n_img = self.images_per_class.get(int(c), 0)
+            print(fmt % (name, n_img, r.nt[i], r.p[i], r.r[i], r.ap50[i], r.ap[i]))
+
+
+def load_model(weights_or_model) -> nn.Module:
+    """nn.Module, a checkpoint dict with an "ema" or "model" module, or a path to such a checkpoint."""
+    obj = weights_or_model
+    if isinstance(obj, (str, Path)):
+        path = Path(obj)
+        if not path.is_file():
+            raise FileNotFoundError(f"validate: weights file '{path}' not found")
+        # weights_only=False: yolofast checkpoints pickle the whole module (trusted local files only).
+        obj = torch.load(path, map_location="cpu", weights_only=False)
+        loaded = True
+    else:
+        loaded = False
+    if isinstance(obj, dict):
+        picked = next((obj[k] for k in ("ema", "model") if obj.get(k) is not None), None)
+        if picked is None:
+            raise ValueError(
+                f"validate: checkpoint has no 'ema' or 'model' entry holding a model (keys: {sorted(obj)})"
+            )
+        obj = picked
+    if not isinstance(obj, nn.Module) and isinstance(getattr(obj, "ema", None), nn.Module):
+        obj = obj.ema  # a pickled ModelEMA
+    if not isinstance(obj, nn.Module):
+        raise TypeError(
+            f"validate: expected an nn.Module, a checkpoint dict or a path, got {type(obj).__name__} "
+            "(a bare state_dict cannot be validated: build the model with yolofast.nn.build_model, "
+            "load the state_dict into it and pass the model)"
+        )
+    return obj.float() if loaded else obj  # EMA weights may be stored in fp16
+
+
+def validate(
+    weights_or_model,
+    data,
+    imgsz: int = 640,
+    batch: int = 16,
+    conf: float = 0.001,
+    iou: float = 0.7,
+    max_det: int = 300,
+    device="cpu",
+    workers: int = 0,
+    half: bool = False,
+    verbose: bool = True,
+) -> dict:
+    """Validate a model or checkpoint on the ``val`` split of a data yaml (``yolofast val``)."""
+    from yolofast.data import build_dataloader, build_dataset, check_data
+
+    model = load_model(weights_or_model)
+    dev = as_device(device)
+    model.to(dev)
+    info = check_data(data)
+    model_nc = getattr(model, "nc", None)
+    if model_nc is not None and int(model_nc) != int(info["nc"]):
+        raise ValueError(
+            f"validate: the model predicts {model_nc} classes but data '{data}' has nc={info['nc']}; "
+            "validate with the data set the model was trained on"
+        )
+    stride = int(max(getattr(model, "stride", torch.tensor([32.0])).max().item(), 32))
+    dataset = build_dataset(
+        info["val"], imgsz=imgsz, augment=False, stride=stride, prefix="val: ", nc=info["nc"]
+    )
+    loader = build_dataloader(dataset, batch, workers, shuffle=False)
+    validator = Validator(
+        loader,
+        info["names"],
+        conf=conf,
+        iou=iou,
+        max_det=max_det,
+        device=dev,
+        half=half,
+        verbose=verbose,
+        progress=verbose,
+    )
+    return validator(model)
