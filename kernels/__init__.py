@@ -1,0 +1,1 @@
+"""Triton kernels of the hot ops, installed as ``yolofast.kernels``."""
