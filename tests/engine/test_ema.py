@@ -1,0 +1,124 @@
+import copy
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from yolofast.engine.ema import ModelEMA
+from yolofast.ops import backend
+
+
+@pytest.fixture(autouse=True, params=["ref", "auto"])
+def op_backend(request):
+    with backend(request.param):
+        yield request.param
+
+
+def small_model():
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.SiLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 5)
+    )
+
+
+def train_step(model, opt):
+    model.train()
+    loss = model(torch.randn(2, 3, 8, 8)).square().mean()  # also moves the BN running stats
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
+def test_matches_per_tensor_lerp_ema():
+    model = small_model()
+    ema = ModelEMA(model, decay=0.99, tau=3)  # small tau so d changes a lot over the first steps
+    manual = copy.deepcopy(model).eval()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(1, 7):
+        train_step(model, opt)
+        ema.update(model)
+        d = 0.99 * (1 - math.exp(-step / 3))
+        with torch.no_grad():
+            for e, m in zip(manual.state_dict().values(), model.state_dict().values()):
+                if e.is_floating_point():
+                    e.lerp_(m, 1 - d)
+                else:
+                    e.copy_(m)
+        for name, e in ema.ema.state_dict().items():
+            m = manual.state_dict()[name]
+            assert e.dtype == m.dtype
+            torch.testing.assert_close(e, m, rtol=0, atol=1e-7, msg=f"{name} at step {step}")
+    assert ema.updates == 6
+    # the integer buffer was copied, not averaged
+    assert ema.ema[1].num_batches_tracked.item() == 6 == model[1].num_batches_tracked.item()
+    # and the EMA really lags behind the model
+    assert not torch.allclose(ema.ema[0].weight, model[0].weight)
+
+
+def test_decay_formula():
+    model = nn.Linear(2, 2, bias=False)
+    nn.init.zeros_(model.weight)
+    ema = ModelEMA(model, decay=0.9999, tau=2000, updates=99)
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    ema.update(model)  # update 100: ema = d*0 + (1 - d)*1
+    d = 0.9999 * (1 - math.exp(-100 / 2000))
+    assert ema.ema.weight[0, 0].item() == pytest.approx(1 - d, rel=1e-6)
+    assert ema.decay_tensor().item() == pytest.approx(d, rel=1e-12)
+    assert ema.updates == 100
+
+
+def test_ema_copy_is_frozen_eval_and_flat():
+    model = small_model().train()
+    ema = ModelEMA(model)
+    assert not ema.ema.training
+    assert all(not p.requires_grad for p in ema.ema.parameters())
+    assert all(p.requires_grad for p in model.parameters())  # the model itself is untouched
+    floats = [t for t in list(ema.ema.parameters()) + list(ema.ema.buffers()) if t.is_floating_point()]
+    # one flat buffer: every floating tensor is a view into the same storage
+    assert len({t.untyped_storage().data_ptr() for t in floats}) == 1
+    assert sum(t.numel() for t in floats) == ema.ema[0].weight.untyped_storage().nbytes() // 4
+    torch.testing.assert_close(ema.ema(torch.ones(1, 3, 8, 8)), model.eval()(torch.ones(1, 3, 8, 8)))
+
+
+def test_state_dict_round_trip():
+    model = small_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ema = ModelEMA(model, tau=5)
+    for _ in range(3):
+        train_step(model, opt)
+        ema.update(model)
+    state = ema.state_dict()
+    assert state["updates"] == 3
+
+    other = ModelEMA(small_model(), tau=5)  # decay and tau are settings, not state
+    other.load_state_dict(state)
+    assert other.updates == 3
+    for (k, a), b in zip(ema.ema.state_dict().items(), other.ema.state_dict().values()):
+        assert torch.equal(a, b), k
+    # the loaded EMA keeps updating through its flat buffer, exactly like the original
+    train_step(model, opt)
+    ema.update(model)
+    other.update(model)
+    for a, b in zip(ema.ema.state_dict().values(), other.ema.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+def test_tied_weights_and_wrong_model():
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(3, 3)
+            self.b = nn.Linear(3, 3)
+            self.b.weight = self.a.weight
+
+    model = Tied()
+    ema = ModelEMA(model, decay=0.5, tau=1e-9)  # d = 0.5 from the first update
+    with torch.no_grad():
+        model.a.weight.add_(2.0)
+    ema.update(model)
+    assert ema.ema.a.weight is ema.ema.b.weight
+    torch.testing.assert_close(ema.ema.b.weight, model.a.weight - 1.0)
+    with pytest.raises(ValueError, match="architecture"):
+        ema.update(nn.Linear(3, 3))

@@ -1,0 +1,286 @@
+"""Pure-PyTorch reference of every hot op: the executable spec (DESIGN §2), the fallback and the baseline.
+
+Every C++/CUDA/Triton kernel is tested against these functions, so they are written for clarity and
+exactness, not speed: the assigner builds dense (B, M, A) tensors, which the kernels must not.
+
+Conventions shared by all kernels (read these before writing one):
+- ``bbox_ciou`` evaluates its terms in the order written below; with that order CIoU(a, b) is bitwise
+  equal to CIoU(b, a) (the centre offset is ``(x1' + x2') - (x1 + x2)``, a difference of two sums, and
+  ``atan`` terms are squared), so a kernel may pass the boxes either way round.
+- Nothing here calls ``.item()``, ``nonzero()`` or indexes with a boolean mask: background anchors are
+  removed with ``torch.where`` (not a multiply, so a non-finite value on a background anchor never leaks
+  into a sum), which keeps the loss traceable by ``torch.compile(fullgraph=True)`` and capturable in a
+  CUDA graph.
+- Low-precision inputs are upcast: the assigner and the loss compute in float32 (float64 when the
+  inputs are float64, which is what gradcheck uses).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "SMALL_GT_SIDE",
+    "bbox_ciou",
+    "bbox_decode",
+    "tal_assign_ref",
+    "bbox_loss_ref",
+    "ema_update_ref",
+]
+
+# Sides of a real GT shorter than this (px, the middle stride 16) are widened to it for the candidate
+# test only (DESIGN §2.1 step 1): a 4 px box otherwise may contain no anchor centre of any level.
+SMALL_GT_SIDE = 16.0
+
+_FOUR_OVER_PI2 = 4.0 / math.pi**2
+
+
+def _compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    """float64 when any input is float64 (gradcheck), float32 otherwise (also for bf16/fp16 inputs)."""
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+def bbox_ciou(box1: torch.Tensor, box2: torch.Tensor, eps: float = 1e-7) -> torch.Tensor:
+    """Complete IoU of xyxy boxes (DESIGN §2.2), broadcast over the leading dimensions.
+
+    box1 (..., 4), box2 (..., 4) -> (...) in their (promoted) dtype. The aspect-ratio weight ``alpha`` is
+    computed from detached values, so it is a constant in the gradient (as the CIoU paper prescribes).
+    Order of operations, which a kernel that must agree closely should follow:
+        w1 = x2 - x1;  h1 = (y2 - y1) + eps       (same for box 2)
+        inter = clamp(min(x2, x2') - max(x1, x1'), 0) * clamp(min(y2, y2') - max(y1, y1'), 0)
+        union = (w1*h1 + w2*h2 - inter) + eps;    iou = inter / union
+        cw = max(x2, x2') - min(x1, x1');  ch = max(y2, y2') - min(y1, y1');  c2 = (cw^2 + ch^2) + eps
+        rho2 = (((x1' + x2') - (x1 + x2))^2 + ((y1' + y2') - (y1 + y2))^2) / 4
+        v = 4/pi^2 * (atan(w2/h2) - atan(w1/h1))^2;  alpha = v / ((v - iou) + (1 + eps))   [detached]
+        ciou = iou - (rho2/c2 + v*alpha)
+    """
+    b1x1, b1y1, b1x2, b1y2 = box1.unbind(-1)
+    b2x1, b2y1, b2x2, b2y2 = box2.unbind(-1)
+    w1, h1 = b1x2 - b1x1, b1y2 - b1y1 + eps
+    w2, h2 = b2x2 - b2x1, b2y2 - b2y1 + eps
+
+    inter = (torch.minimum(b1x2, b2x2) - torch.maximum(b1x1, b2x1)).clamp(min=0) * (
+        torch.minimum(b1y2, b2y2) - torch.maximum(b1y1, b2y1)
+    ).clamp(min=0)
+    union = w1 * h1 + w2 * h2 - inter + eps
+    iou = inter / union
+
+    cw = torch.maximum(b1x2, b2x2) - torch.minimum(b1x1, b2x1)
+    ch = torch.maximum(b1y2, b2y2) - torch.minimum(b1y1, b2y1)
+    c2 = cw.pow(2) + ch.pow(2) + eps
+    rho2 = ((b2x1 + b2x2) - (b1x1 + b1x2)).pow(2) + ((b2y1 + b2y2) - (b1y1 + b1y2)).pow(2)
+    rho2 = rho2 / 4
+    v = _FOUR_OVER_PI2 * (torch.atan(w2 / h2) - torch.atan(w1 / h1)).pow(2)
+    with torch.no_grad():
+        alpha = v / (v - iou + (1 + eps))
+    return iou - (rho2 / c2 + v * alpha)
+
+
+def bbox_decode(pred_dist: torch.Tensor, anchor_points: torch.Tensor) -> torch.Tensor:
+    """DFL decode: per side, softmax over the reg_max bins and the expectation with bin values 0..reg_max-1.
+
+    pred_dist (..., A, 4*reg_max) logits, side-major (l, t, r, b each a block of reg_max bins);
+    anchor_points (A, 2) anchor centres (x, y) in grid units.
+    Returns (..., A, 4) xyxy boxes ``(ax - l, ay - t, ax + r, ay + b)`` in grid units, in pred_dist's dtype.
+    """
+    if pred_dist.shape[-1] % 4:
+        raise ValueError(f"bbox_decode: pred_dist last dim {pred_dist.shape[-1]} is not 4*reg_max")
+    reg_max = pred_dist.shape[-1] // 4
+    prob = pred_dist.unflatten(-1, (4, reg_max)).softmax(-1)
+    bins = torch.arange(reg_max, dtype=prob.dtype, device=prob.device)
+    # A sum, not a matmul: autocast would run a matmul in bf16/fp16.
+    ltrb = (prob * bins).sum(-1)
+    anc = anchor_points.to(ltrb.dtype)
+    return torch.cat((anc - ltrb[..., :2], anc + ltrb[..., 2:]), -1)
+
+
+@torch.no_grad()
+def tal_assign_ref(
+    pd_scores: torch.Tensor,
+    pd_bboxes: torch.Tensor,
+    anc_points: torch.Tensor,
+    gt_labels: torch.Tensor,
+    gt_bboxes: torch.Tensor,
+    mask_gt: torch.Tensor,
+    topk: int = 10,
+    alpha: float = 0.5,
+    beta: float = 6.0,
+    eps: float = 1e-9,
+):
+    """Task-aligned assigner (TOOD's TAL as used by YOLOv8), exactly DESIGN §2.1. No gradient.
+
+    Inputs:
+        pd_scores (B, A, C) sigmoid class scores; pd_bboxes (B, A, 4) predicted xyxy boxes in pixels;
+        anc_points (A, 2) anchor centres in pixels; gt_labels (B, M, 1) class ids (any numeric dtype);
+        gt_bboxes (B, M, 4) xyxy pixels; mask_gt (B, M, 1) 1 = real GT, 0 = padding (any dtype, > 0 is real).
+    Returns:
+        target_labels (B, A) int64: label of target_gt_idx, clamped >= 0 (C everywhere when M == 0);
+        target_bboxes (B, A, 4) in gt_bboxes' dtype: the (un-enlarged) box of target_gt_idx;
+        target_scores (B, A, C) in pd_scores' dtype: one_hot(label) * norm on positives, 0 elsewhere;
+        fg_mask (B, A) bool; target_gt_idx (B, A) int64 (0 for background).
+    Rules a kernel must reproduce exactly (g = GT, a = anchor):
+        1. candidate(g, a): g is real and the anchor centre is strictly inside g's box after widening any
+           side shorter than SMALL_GT_SIDE (16 px) to 16 px about the centre: cx - x1 > eps, cy - y1 > eps,
+           x2 - cx > eps, y2 - cy > eps (centre = (x1 + x2) / 2, widened side = centre -/+ 8).
+        2. overlap = clamp(CIoU(gt box, pd box), min=0), align = score[a, label(g)]^alpha * overlap^beta on
+           candidates; both 0 elsewhere.
+        3. selected(g, a): a is among the topk largest align of g (stable descending sort over the A
+           anchors: ties go to the lower anchor index) and align(g, a) > 0.
+        4. an anchor selected by one GT gets it; selected by >= 2 GTs, it gets the GT with the largest
+           overlap among ALL its candidate GTs (ties -> lowest GT index), even one that did not select it.
+           It is positive (fg) only if align(assigned GT, a) > 0: an anchor with align 0 is never positive.
+        5. per GT over its positives: pos_align = max align, pos_overlap = max overlap;
+           norm(a) = (align(g, a) * pos_overlap(g)) / (pos_align(g) + eps).
+        Computed in float32 (float64 if any of pd_scores, pd_bboxes, gt_bboxes is float64).
+    """
+    B, A, C = pd_scores.shape
+    M = gt_bboxes.shape[1]
+    dev = pd_scores.device
+    if M == 0:
+        return (
+            torch.full((B, A), C, dtype=torch.long, device=dev),
+            torch.zeros(B, A, 4, dtype=gt_bboxes.dtype, device=dev),
+            torch.zeros(B, A, C, dtype=pd_scores.dtype, device=dev),
+            torch.zeros(B, A, dtype=torch.bool, device=dev),
+            torch.zeros(B, A, dtype=torch.long, device=dev),
+        )
+    ct = _compute_dtype(pd_scores, pd_bboxes, gt_bboxes)
+    scores, pd, anc, gt = pd_scores.to(ct), pd_bboxes.to(ct), anc_points.to(ct), gt_bboxes.to(ct)
+    real = mask_gt.reshape(B, M) > 0
+    labels = gt_labels.reshape(B, M).long()
+    labels_c = labels.clamp(0, C - 1)  # only so that padding rows index safely
+
+    # 1. candidates (B, M, A): anchor centre strictly inside the (small-side widened) real GT box.
+    x1, y1, x2, y2 = gt.unbind(-1)
+    cx, cy = (x1 + x2) / 2, (y1 + y2) / 2
+    half = SMALL_GT_SIDE / 2
+    widen_x = ((x2 - x1) < SMALL_GT_SIDE) & real
+    widen_y = ((y2 - y1) < SMALL_GT_SIDE) & real
+    x1, x2 = torch.where(widen_x, cx - half, x1), torch.where(widen_x, cx + half, x2)
+    y1, y2 = torch.where(widen_y, cy - half, y1), torch.where(widen_y, cy + half, y2)
+    ax, ay = anc[:, 0], anc[:, 1]
+    inside = (
+        ((ax - x1[..., None]) > eps)
+        & ((ay - y1[..., None]) > eps)
+        & ((x2[..., None] - ax) > eps)
+        & ((y2[..., None] - ay) > eps)
+    )
+    cand = inside & real[..., None]
+
+    # 2. overlap and alignment metric (B, M, A), zero off the candidates.
+    overlap = bbox_ciou(gt[:, :, None, :], pd[:, None, :, :]).clamp(min=0)
+    overlap = torch.where(cand, overlap, 0)
+    # s[b, g, a] = scores[b, a, label(b, g)]
+    s = scores.gather(2, labels_c[:, None, :].expand(B, A, M)).transpose(1, 2)
+    align = torch.where(cand, s.pow(alpha) * overlap.pow(beta), 0)
+
+    # 3. top-k per GT; a stable sort makes ties go to the lower anchor index.
+    k = min(topk, A)
+    top = torch.sort(align, dim=-1, descending=True, stable=True).indices[..., :k]
+    selected = torch.zeros(B, M, A, dtype=torch.bool, device=dev).scatter_(-1, top, True)
+    selected &= cand & (align > 0)
+
+    # 4. conflicts: an anchor selected by >= 2 GTs goes to its best-overlap candidate GT (argmax returns
+    # the first maximum, i.e. the lowest GT index on ties; non-candidates rank below every candidate).
+    n_sel = selected.sum(1)
+    best_overlap_gt = torch.where(cand, overlap, -1).argmax(1)
+    only_gt = selected.to(torch.uint8).argmax(1)
+    gt_idx = torch.where(n_sel > 1, best_overlap_gt, only_gt)
+    align_a = align.gather(1, gt_idx[:, None]).squeeze(1)  # (B, A) align with the assigned GT
+    fg = (n_sel > 0) & (align_a > 0)
+    target_gt_idx = torch.where(fg, gt_idx, 0)
+
+    # 5. targets and the per-GT score normalisation.
+    pos = fg[:, None, :] & (target_gt_idx[:, None, :] == torch.arange(M, device=dev)[None, :, None])
+    pos_align = torch.where(pos, align, 0).amax(-1)  # (B, M)
+    pos_overlap = torch.where(pos, overlap, 0).amax(-1)
+    norm = align_a * pos_overlap.gather(1, target_gt_idx) / (pos_align.gather(1, target_gt_idx) + eps)
+    norm = torch.where(fg, norm, 0)
+
+    target_labels = labels.gather(1, target_gt_idx).clamp(min=0)
+    target_bboxes = gt_bboxes.gather(1, target_gt_idx[..., None].expand(B, A, 4))
+    lab = labels_c.gather(1, target_gt_idx)
+    one_hot = lab[..., None] == torch.arange(C, device=dev)
+    target_scores = torch.where(one_hot, norm[..., None], 0).to(pd_scores.dtype)
+    return target_labels, target_bboxes, target_scores, fg, target_gt_idx
+
+
+def bbox_loss_ref(
+    pred_dist: torch.Tensor,
+    pred_scores: torch.Tensor,
+    anchor_points: torch.Tensor,
+    target_bboxes: torch.Tensor,
+    target_scores: torch.Tensor,
+    fg_mask: torch.Tensor,
+) -> torch.Tensor:
+    """CIoU box loss + DFL + BCE class loss (DESIGN §2.2), each divided by S, no gains, no batch factor.
+
+    Inputs:
+        pred_dist (B, A, 4*reg_max) DFL logits (side-major: l, t, r, b); pred_scores (B, A, C) class logits;
+        anchor_points (A, 2) grid units; target_bboxes (B, A, 4) xyxy in GRID units (pixels / stride);
+        target_scores (B, A, C) soft targets from the assigner; fg_mask (B, A) bool.
+    Returns a (3,) tensor [L_box, L_cls, L_dfl], float32 (float64 when pred_dist or pred_scores is float64),
+    differentiable w.r.t. pred_dist and pred_scores (targets are treated as constants). With
+    w(a) = sum_c target_scores[a, c] and S = max(sum target_scores, 1):
+        L_box = sum_fg (1 - CIoU(decoded pred, target)) * w / S        (CIoU alpha held constant)
+        L_dfl = sum_fg mean_4sides(dfl) * w / S, with t = clamp(target distance, 0, reg_max - 1 - 0.01),
+                tl = floor(t), wl = (tl + 1) - t, wr = 1 - wl, dfl = -(wl*logsm[tl] + wr*logsm[tl + 1])
+        L_cls = sum over all anchors and classes of BCEWithLogits(pred_scores, target_scores) / S
+    The target boxes of background anchors are never read (they may hold anything, even NaN); their target
+    scores count in S and L_cls (the assigner leaves them 0).
+    """
+    reg_max = pred_dist.shape[-1] // 4
+    ct = _compute_dtype(pred_dist, pred_scores)
+    pd, ps = pred_dist.to(ct), pred_scores.to(ct)
+    anc = anchor_points.to(ct)
+    fg = fg_mask.bool()
+    # Background target boxes are ignored entirely (a kernel never reads them): zeroing them first keeps
+    # a garbage/NaN box there out of the forward value, the DFL bin index and the backward pass.
+    tb = torch.where(fg[..., None], target_bboxes.detach().to(ct), 0)
+    ts = target_scores.detach().to(ct)
+
+    weight = ts.sum(-1)  # (B, A)
+    norm = ts.sum().clamp(min=1)
+
+    ciou = bbox_ciou(bbox_decode(pd, anc), tb)
+    l_box = torch.where(fg, (1 - ciou) * weight, 0).sum() / norm
+
+    # DFL: the clamp keeps tl + 1 <= reg_max - 1 (a distance of 15 grid units would index bin 16).
+    t = torch.cat((anc - tb[..., :2], tb[..., 2:] - anc), -1).clamp(0, reg_max - 1 - 0.01)  # (B, A, 4)
+    tl = t.floor()
+    wl = tl + 1 - t
+    wr = 1 - wl
+    logp = pd.unflatten(-1, (4, reg_max)).log_softmax(-1)
+    il = tl.long()[..., None]
+    lp_left = logp.gather(-1, il).squeeze(-1)
+    lp_right = logp.gather(-1, il + 1).squeeze(-1)
+    dfl = -(wl * lp_left + wr * lp_right).mean(-1)  # (B, A)
+    l_dfl = torch.where(fg, dfl * weight, 0).sum() / norm
+
+    l_cls = F.binary_cross_entropy_with_logits(ps, ts, reduction="sum") / norm
+    return torch.stack((l_box, l_cls, l_dfl))
+
+
+def ema_update_ref(ema: torch.Tensor, model: torch.Tensor, decay) -> None:
+    """In place ``ema = d*ema + (1 - d)*model`` as ``ema.lerp_(model, 1 - d)`` (DESIGN §2.3).
+
+    ema, model (N,) flat tensors of one floating dtype on one device; decay a float or a 0-d tensor
+    (kept on the device so the update needs no host sync and fits in a CUDA graph). The weight 1 - d is
+    formed in decay's precision and rounded once to the compute dtype (ema's dtype, float32 for
+    bf16/fp16 ema, which is then computed in float32 and rounded back). torch.lerp evaluates
+    ``ema + w*(model - ema)`` for w < 0.5 and ``model - (model - ema)*(1 - w)`` otherwise.
+    """
+    if ema.shape != model.shape:
+        raise ValueError(f"ema_update: ema {tuple(ema.shape)} and model {tuple(model.shape)} differ in shape")
+    low = ema.dtype in (torch.float16, torch.bfloat16)
+    cdt = torch.float32 if low else ema.dtype
+    w = 1 - decay
+    if isinstance(w, torch.Tensor):
+        w = w.to(device=ema.device, dtype=cdt)
+    if low:
+        ema.copy_(ema.float().lerp_(model.float(), w))
+    else:
+        ema.lerp_(model.to(cdt), w)
