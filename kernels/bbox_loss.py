@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+
 from yolofast.kernels import _common
 
 BLOCK_A = 256 if _common.INTERPRET else 32  # the interpreter runs programs one by one: fewer, larger ones

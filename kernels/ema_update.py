@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+
 from yolofast.kernels import _common
 
 # 4096 elements x (2 loads + 1 store) per program: long enough runs for full-bandwidth vector accesses;

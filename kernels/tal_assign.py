@@ -29,8 +29,8 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from yolofast.kernels import _common
 
+from yolofast.kernels import _common
 from yolofast.ops.reference import SMALL_GT_SIDE
 
 L_MAX = 8  # pyramid levels the grid table holds (YOLOv8 uses 3); more -> the all-anchor scan

@@ -5,10 +5,9 @@ import torch
 
 triton = pytest.importorskip("triton")
 
+from yolofast.boxes import make_anchors  # noqa: E402
 from yolofast.kernels import _common, triton_status  # noqa: E402
 from yolofast.kernels.bbox_loss import bbox_loss  # noqa: E402
-
-from yolofast.boxes import make_anchors  # noqa: E402
 from yolofast.ops import backend  # noqa: E402
 from yolofast.ops import bbox_loss as public_bbox_loss  # noqa: E402
 from yolofast.ops.reference import bbox_loss_ref  # noqa: E402

@@ -7,7 +7,6 @@ triton = pytest.importorskip("triton")
 
 from yolofast.kernels import _common, triton_status  # noqa: E402
 from yolofast.kernels.ema_update import BLOCK, ema_update  # noqa: E402
-
 from yolofast.ops import backend  # noqa: E402
 from yolofast.ops import ema_update as public_ema_update  # noqa: E402
 from yolofast.ops.reference import ema_update_ref  # noqa: E402

@@ -5,10 +5,9 @@ import torch
 
 triton = pytest.importorskip("triton")
 
+from yolofast.boxes import make_anchors  # noqa: E402
 from yolofast.kernels import _common, triton_status  # noqa: E402
 from yolofast.kernels.tal_assign import tal_assign  # noqa: E402
-
-from yolofast.boxes import make_anchors  # noqa: E402
 from yolofast.ops import backend  # noqa: E402
 from yolofast.ops import tal_assign as public_tal_assign  # noqa: E402
 from yolofast.ops.reference import tal_assign_ref  # noqa: E402
