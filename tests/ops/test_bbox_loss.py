@@ -1,0 +1,242 @@
+"""The fused C++ bbox_loss (csrc/cpu/bbox_loss_kernel.cpp) against reference.bbox_loss_ref."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from yolofast.boxes import make_anchors
+from yolofast.ops import _build, reference
+from yolofast.ops._backend import backend
+
+REG_MAX = 16
+
+
+@pytest.fixture(scope="module")
+def lib():
+    ok, why = _build.extension_status("cpp")
+    if not ok:
+        pytest.skip(f"C++ extension unavailable ({why}); tests/ops/test_build.py reports the failure")
+    from yolofast.ops import _library
+
+    return _library
+
+
+def anchors_640(dtype=torch.float32):
+    feats = [torch.empty(1, 1, 640 // s, 640 // s, dtype=dtype) for s in (8, 16, 32)]
+    anc, _ = make_anchors(feats, (8, 16, 32))
+    return anc  # (8400, 2) grid units of each level
+
+
+def make_inputs(B, A, C, seed, fg_frac=0.06, reg_max=REG_MAX, anc=None, dtype=torch.float32):
+    """Random but realistic inputs: logits of a trained-ish head, GT boxes around their anchors (grid units,
+    some sides beyond the DFL clamp, some anchors outside their box), assigner-like one-class soft targets."""
+    g = torch.Generator().manual_seed(seed)
+    if anc is None:
+        anc = (torch.rand(A, 2, generator=g) * 40).floor() + 0.5
+    pred_dist = torch.randn(B, A, 4 * reg_max, generator=g) * 2.5
+    pred_scores = torch.randn(B, A, C, generator=g) * 2.0 - 3.0
+    centre = anc + (torch.rand(B, A, 2, generator=g) - 0.5) * 3
+    wh = torch.rand(B, A, 2, generator=g) * (reg_max * 2.2) + 0.05
+    target_bboxes = torch.cat((centre - wh / 2, centre + wh / 2), -1)
+    fg = torch.rand(B, A, generator=g) < fg_frac
+    label = torch.randint(0, C, (B, A), generator=g)
+    score = torch.rand(B, A, generator=g) * fg
+    target_scores = torch.zeros(B, A, C).scatter_(-1, label[..., None], score[..., None])
+    cast = [t.to(dtype) for t in (pred_dist, pred_scores, anc, target_bboxes, target_scores)]
+    return (*cast, fg)
+
+
+def losses_and_grads(fn, args, upstream=(0.7, 1.3, -0.4)):
+    pd = args[0].detach().clone().requires_grad_()
+    ps = args[1].detach().clone().requires_grad_()
+    out = fn(pd, ps, *args[2:])
+    (out * torch.tensor(upstream, dtype=out.dtype)).sum().backward()
+    return out.detach(), pd.grad, ps.grad
+
+
+def assert_matches(got, want, rtol=1e-5):
+    """Losses to rtol; gradients elementwise to rtol, with an absolute floor of rtol x the largest entry
+    (most gradient entries are ~0 and a relative test of those is meaningless)."""
+    (l1, gd1, gs1), (l2, gd2, gs2) = got, want
+    torch.testing.assert_close(l1, l2, rtol=rtol, atol=0)
+    for a, b in ((gd1, gd2), (gs1, gs2)):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        torch.testing.assert_close(a, b, rtol=rtol, atol=rtol * float(b.abs().max()) + 1e-30)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_matches_reference_640(lib, seed):
+    args = make_inputs(2, 8400, 80, seed, anc=anchors_640())
+    assert args[5].sum() > 500
+    assert_matches(losses_and_grads(lib.bbox_loss, args), losses_and_grads(reference.bbox_loss_ref, args))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_matches_reference_random_shapes(lib, seed):
+    g = torch.Generator().manual_seed(1000 + seed)
+    B, A, C = (int(torch.randint(lo, hi, (1,), generator=g)) for lo, hi in ((1, 4), (1, 300), (1, 100)))
+    reg_max = int(torch.randint(4, 20, (1,), generator=g))
+    args = make_inputs(B, A, C, seed, fg_frac=float(torch.rand(1, generator=g)), reg_max=reg_max)
+    assert_matches(losses_and_grads(lib.bbox_loss, args), losses_and_grads(reference.bbox_loss_ref, args))
+
+
+@pytest.mark.parametrize("case", ["no_fg", "all_fg"])
+def test_fg_extremes(lib, case):
+    args = list(make_inputs(2, 500, 20, 7, fg_frac=0.0 if case == "no_fg" else 1.0))
+    if case == "no_fg":
+        args[4].zero_()  # no positives -> no targets: S = max(0, 1) = 1, box = dfl = 0
+    got = losses_and_grads(lib.bbox_loss, args)
+    assert_matches(got, losses_and_grads(reference.bbox_loss_ref, args))
+    if case == "no_fg":
+        assert got[0][0] == 0 and got[0][2] == 0 and torch.all(got[1] == 0)
+
+
+def test_dfl_targets_on_bin_edges_and_beyond_clamp(lib):
+    """Target distances exactly on bins (wl = 1, wr = 0), at 0, at/after reg_max - 1 (clamped to 14.99),
+    negative (anchor outside its box), and far beyond."""
+    dists = torch.tensor([0.0, 1.0, 7.0, 14.0, 14.99, 15.0, 16.0, 40.0, -3.0, 0.5, 13.999, 2.25])
+    n = len(dists)
+    anc = torch.stack((torch.arange(n) + 0.5, torch.full((n,), 20.5)), -1)
+    ltrb = torch.stack((dists, dists.roll(1), dists.roll(2), dists.roll(3)), -1)
+    tb = torch.cat((anc - ltrb[:, :2], anc + ltrb[:, 2:]), -1)[None]
+    pd, ps, _, _, ts, _ = make_inputs(1, n, 5, 3, fg_frac=1.0)
+    ts[..., 0] = torch.linspace(0.1, 1.0, n)
+    fg = torch.ones(1, n, dtype=torch.bool)
+    args = (pd, ps, anc, tb, ts, fg)
+    assert_matches(losses_and_grads(lib.bbox_loss, args), losses_and_grads(reference.bbox_loss_ref, args))
+
+
+def test_degenerate_targets(lib):
+    """Zero-width/height/size target boxes (h = eps), and predictions saturated on one bin."""
+    pd, ps, anc, tb, ts, _ = make_inputs(1, 64, 4, 11, fg_frac=1.0)
+    tb[0, :16, 2] = tb[0, :16, 0]  # zero width
+    tb[0, 16:32, 3] = tb[0, 16:32, 1]  # zero height
+    tb[0, 32:48, 2:] = tb[0, 32:48, :2]  # a point
+    pd[0, 48:, :] = 0
+    pd[0, 48:, ::REG_MAX] = 60.0  # softmax saturated on bin 0: a zero-size predicted box
+    ts[..., 1] = 0.8
+    fg = torch.ones(1, 64, dtype=torch.bool)
+    args = (pd, ps, anc, tb, ts, fg)
+    got = losses_and_grads(lib.bbox_loss, args)
+    assert all(torch.isfinite(t).all() for t in got)
+    assert_matches(got, losses_and_grads(reference.bbox_loss_ref, args))
+
+
+def test_every_output_element_written(lib, monkeypatch):
+    """Outputs are filled with NaN before the kernel runs (YOLOFAST_POISON_OUTPUTS): none may survive."""
+    monkeypatch.setenv("YOLOFAST_POISON_OUTPUTS", "1")
+    args = make_inputs(3, 777, 13, 5, fg_frac=0.3)
+    outs = torch.ops.yolofast.bbox_loss(*args)
+    assert all(torch.isfinite(t).all() for t in outs)
+    monkeypatch.delenv("YOLOFAST_POISON_OUTPUTS")
+    clean = torch.ops.yolofast.bbox_loss(*args)
+    for a, b in zip(outs, clean):
+        assert torch.equal(a, b)
+
+
+def test_fp64_gradcheck(lib):
+    """gradcheck of L_cls and L_dfl (exact derivatives); L_box's gradient holds CIoU's alpha constant by
+    design, so finite differences cannot check it: the fp64 comparison with autograd below does."""
+    pd, ps, anc, tb, ts, fg = make_inputs(2, 5, 3, 2, fg_frac=0.7, reg_max=6, dtype=torch.float64)
+    pd.requires_grad_()
+    ps.requires_grad_()
+
+    def cls_dfl(pd, ps):
+        return lib.bbox_loss(pd, ps, anc, tb, ts, fg)[1:]
+
+    assert torch.autograd.gradcheck(cls_dfl, (pd, ps), eps=1e-6, atol=1e-8, rtol=1e-6)
+    args = (pd, ps, anc, tb, ts, fg)
+    want = losses_and_grads(reference.bbox_loss_ref, args)
+    assert_matches(losses_and_grads(lib.bbox_loss, args), want, rtol=1e-12)
+
+
+def test_low_precision_inputs_no_worse_than_reference(lib):
+    """bf16/fp16 logits: error against the fp64 reference on the unrounded inputs <= 2x the reference's."""
+    args = make_inputs(2, 2000, 80, 9, fg_frac=0.1)
+    wide = [a.double() if a.is_floating_point() else a for a in args]
+    exact = losses_and_grads(reference.bbox_loss_ref, wide)
+    for dt in (torch.bfloat16, torch.float16):
+        low = [a.to(dt) if i < 2 else a for i, a in enumerate(args)]
+        got = losses_and_grads(lib.bbox_loss, low)
+        ref = losses_and_grads(reference.bbox_loss_ref, low)
+        assert got[0].dtype == torch.float32 and got[1].dtype == dt and got[2].dtype == dt
+        for k in range(3):
+            err_k = (got[k].double() - exact[k]).abs().max()
+            err_r = (ref[k].double() - exact[k]).abs().max()
+            assert err_k <= 2 * err_r + 1e-7, (dt, k, float(err_k), float(err_r))
+
+
+def test_autocast_runs_in_fp32(lib):
+    args = make_inputs(1, 300, 10, 4, fg_frac=0.2)
+    pd = args[0].clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        x = pd.to(torch.bfloat16) * 1.0  # a bf16 activation, as the head would give
+        out = lib.bbox_loss(x, args[1], *args[2:])
+    assert out.dtype == torch.float32
+    out.sum().backward()
+    assert pd.grad is not None and torch.isfinite(pd.grad).all()
+
+
+def test_deterministic_and_thread_count_independent(lib):
+    args = make_inputs(2, 3000, 80, 1, fg_frac=0.1)
+    prev = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        a = torch.ops.yolofast.bbox_loss(*args)
+        b = torch.ops.yolofast.bbox_loss(*args)
+        torch.set_num_threads(1)
+        c = torch.ops.yolofast.bbox_loss(*args)
+    finally:
+        torch.set_num_threads(prev)
+    for x, y, z in zip(a, b, c):
+        assert torch.equal(x, y) and torch.equal(x, z)
+
+
+def test_public_wrapper_uses_kernel(lib):
+    args = make_inputs(1, 200, 6, 8, fg_frac=0.3)
+    with backend("cpp"):
+        from yolofast.ops import bbox_loss
+
+        got = bbox_loss(*args)
+    torch.testing.assert_close(got, reference.bbox_loss_ref(*args), rtol=1e-5, atol=0)
+
+
+def test_bad_shapes_raise_clear_errors(lib):
+    pd, ps, anc, tb, ts, fg = make_inputs(1, 10, 3, 0)
+    with pytest.raises(RuntimeError, match="target_scores"):
+        lib.bbox_loss(pd, ps, anc, tb, ts[..., :2], fg)
+    with pytest.raises(RuntimeError, match="anchor_points"):
+        lib.bbox_loss(pd, ps, anc[:5], tb, ts, fg)
+    with pytest.raises(RuntimeError, match="pred_dist"):
+        lib.bbox_loss(pd[..., :-1], ps, anc, tb, ts, fg)
+
+
+def test_opcheck(lib):
+    pd, ps, anc, tb, ts, fg = make_inputs(2, 40, 5, 6, fg_frac=0.4, reg_max=8)
+    torch.library.opcheck(torch.ops.yolofast.bbox_loss.default, (pd, ps, anc, tb, ts, fg))
+    pd.requires_grad_()
+    ps.requires_grad_()
+    torch.library.opcheck(torch.ops.yolofast.bbox_loss.default, (pd, ps, anc, tb, ts, fg))
+
+
+def test_tal_assign_opcheck(lib):
+    if not torch._C._dispatch_has_kernel_for_dispatch_key("yolofast::tal_assign", "CPU"):
+        pytest.skip("csrc/cpu/tal_assign_kernel.cpp is not part of this build yet")
+    g = torch.Generator().manual_seed(0)
+    B, M, C = 2, 6, 5
+    feats = [torch.empty(1, 1, 64 // s, 64 // s) for s in (8, 16, 32)]
+    anc, stride = make_anchors(feats, (8, 16, 32))
+    anc_px = anc * stride
+    A = anc.shape[0]
+    xy = torch.rand(B, M, 2, generator=g) * 48
+    wh = torch.rand(B, M, 2, generator=g) * 30 + 2
+    gt_bboxes = torch.cat((xy, xy + wh), -1)
+    gt_labels = torch.randint(0, C, (B, M, 1), generator=g).float()
+    mask_gt = (torch.rand(B, M, 1, generator=g) < 0.8).float()
+    pd_scores = torch.rand(B, A, C, generator=g)
+    c = anc_px + torch.randn(B, A, 2, generator=g) * 4
+    pwh = torch.rand(B, A, 2, generator=g) * 30 + 2
+    pd_bboxes = torch.cat((c - pwh / 2, c + pwh / 2), -1)
+    args = (pd_scores, pd_bboxes, anc_px, gt_labels, gt_bboxes, mask_gt, 10, 0.5, 6.0, 1e-9)
+    torch.library.opcheck(torch.ops.yolofast.tal_assign.default, args)
