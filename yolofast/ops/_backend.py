@@ -73,7 +73,8 @@ def availability(op: str, name: str, device_type: str) -> tuple[bool, str]:
             return False, why
         key = "CPU" if name == "cpp" else "CUDA"
         if not torch._C._dispatch_has_kernel_for_dispatch_key(f"yolofast::{op}", key):
-            return False, f"the {name} extension has no {op} kernel"
+            detail = _build.missing_kernel_reason(op)
+            return False, f"the {name} extension has no {op} kernel" + (f": {detail}" if detail else "")
         return True, f"{name} extension loaded"
     if name == "triton":
         if device_type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
