@@ -1,0 +1,227 @@
+"""What is timed: one ``Case`` per (preset, op) with one zero-argument callable per backend or baseline.
+
+Every callable does exactly one unit of work on inputs built once (``inputs.py``), so the runner can call
+it any number of times and interleave backends. A backend that cannot run here (not built, no device,
+no kernel for that op) becomes a ``Variant`` with ``fn=None`` and the reason, never an exception.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+from collections.abc import Callable
+
+import torch
+
+from yolofast.bench import inputs as bench_inputs
+from yolofast.bench.presets import Preset, get_preset
+
+__all__ = ["BACKENDS", "Case", "Variant", "build_cases", "op_availability"]
+
+# yolofast backends tried per device (the first is the reference every ratio is taken against).
+BACKENDS = {"cpu": ("ref", "cpp"), "cuda": ("ref", "cuda", "triton")}
+# Which yolofast.ops a composite benchmark op runs.
+_NEEDS = {
+    "tal_assign": ("tal_assign",),
+    "bbox_loss": ("bbox_loss",),
+    "ema_update": ("ema_update",),
+    "loss_step": ("tal_assign", "bbox_loss"),
+}
+
+
+@dataclasses.dataclass
+class Variant:
+    name: str  # a yolofast backend ("ref", "cpp", ...), "auto", or a baseline ("foreach_lerp", "copy")
+    fn: Callable[[], object] | None  # one unit of work; None when unavailable
+    reason: str = ""  # why unavailable, or what it is (baselines, auto's choice)
+    baseline: bool = False  # not a yolofast backend: shown for context, never compared or gated
+
+    @property
+    def available(self) -> bool:
+        return self.fn is not None
+
+
+@dataclasses.dataclass
+class Case:
+    preset: Preset
+    op: str
+    device: str
+    variants: list[Variant]
+    items_per_call: int = 0  # images per call (train_step): the runner reports images/s
+    what: str = ""  # one line: what a call does
+
+    def variant(self, name: str) -> Variant | None:
+        return next((v for v in self.variants if v.name == name), None)
+
+
+def op_availability(op: str, name: str, device_type: str) -> tuple[bool, str]:
+    """Whether backend ``name`` can run every yolofast op that benchmark op ``op`` needs."""
+    from yolofast.ops._backend import availability
+
+    if name in ("ref", "auto"):
+        return True, ""
+    for sub in _NEEDS.get(op, (op,)):
+        try:
+            ok, why = availability(sub, name, device_type)
+        except Exception as e:  # a broken build must show up in the table, not end the run
+            ok, why = False, f"{type(e).__name__}: {e}"
+        if not ok:
+            return False, why
+    return True, ""
+
+
+def _under(name: str, fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` run with every op forced to backend ``name`` (``auto`` ignores YOLOFAST_BACKEND* too)."""
+    from yolofast.ops import backend
+
+    def run():
+        with backend(name):
+            return fn()
+
+    return run
+
+
+def _backend_variants(op: str, device: str, make_fn, backends) -> list[Variant]:
+    out = []
+    for name in backends:
+        ok, why = op_availability(op, name, torch.device(device).type)
+        out.append(Variant(name, _under(name, make_fn()) if ok else None, why))
+    return out
+
+
+def _loss_cases(p: Preset, device: str, seed: int, backends, ops) -> list[Case]:
+    from yolofast.loss import DetectionLoss
+    from yolofast.ops import bbox_loss, tal_assign
+
+    li = bench_inputs.loss_inputs(p, seed, device)
+    cases = []
+    if "tal_assign" in ops:
+        args = li.assign_args()
+
+        def make_assign():
+            return lambda: tal_assign(*args)
+
+        variants = _backend_variants("tal_assign", device, make_assign, backends)
+        cases.append(Case(p, "tal_assign", device, variants, what="tal_assign forward (no gradient)"))
+    if "bbox_loss" in ops:
+        _, _, anc, tb, ts, fg = li.loss_args()
+
+        def make_loss():
+            pd = li.pred_dist.clone().requires_grad_(True)
+            ps = li.pred_scores.clone().requires_grad_(True)
+
+            def run():
+                pd.grad = ps.grad = None
+                bbox_loss(pd, ps, anc, tb, ts, fg).sum().backward()
+
+            return run
+
+        cases.append(Case(p, "bbox_loss", device, _backend_variants("bbox_loss", device, make_loss, backends),
+                          what="bbox_loss forward + backward, targets from the reference assigner"))
+    if "loss_step" in ops:
+        crit = DetectionLoss(p.nc)
+        batch = li.batch()
+
+        def make_step():
+            feats = [f.requires_grad_(True) for f in li.feats()]
+
+            def run():
+                for f in feats:
+                    f.grad = None
+                crit(feats, batch)[0].backward()
+
+            return run
+
+        cases.append(Case(p, "loss_step", device, _backend_variants("loss_step", device, make_step, backends),
+                          what="DetectionLoss on the head maps (decode, assign, losses) forward + backward"))
+    return cases
+
+
+def _ema_case(p: Preset, device: str, seed: int, backends) -> Case:
+    from yolofast.ops import ema_update
+
+    ei = bench_inputs.ema_inputs(p, seed, device)
+    # A 0-d float64 tensor on the device, as ModelEMA passes it.
+    d = torch.tensor(ei.decay, dtype=torch.float64, device=device)
+
+    def make_ema():
+        return lambda: ema_update(ei.ema_flat, ei.model_flat, d)
+
+    variants = _backend_variants("ema_update", device, make_ema, backends)
+    scratch = torch.empty_like(ei.ema_flat)
+    variants += [
+        Variant("foreach_lerp", lambda: torch._foreach_lerp_(ei.ema_list, ei.model_list, 1 - ei.decay),
+                f"torch._foreach_lerp_ over the {len(ei.ema_list)} separate tensors", baseline=True),
+        Variant("copy", lambda: scratch.copy_(ei.model_flat), "one flat copy of the same bytes",
+                baseline=True),
+    ]
+    return Case(p, "ema_update", device, variants,
+                what=f"ema_update over {ei.numel / 1e6:.2f} M values ({p.model})")
+
+
+def _step_case(p: Preset, device: str, seed: int) -> Case:
+    """yolov8 train step: forward, DetectionLoss, backward, clip 10, SGD step, zero_grad, EMA update."""
+    from yolofast.engine.ema import ModelEMA
+    from yolofast.engine.optim import build_optimizer
+    from yolofast.loss import DetectionLoss
+    from yolofast.nn import build_model
+    from yolofast.ops._backend import describe
+
+    si = bench_inputs.step_inputs(p, seed, device)
+    torch.manual_seed(seed)
+    base = build_model(p.model, nc=p.nc).to(device).train()
+    crit = DetectionLoss(p.nc)
+    # The trainer's choice: bf16 autocast on CUDA, fp32 on CPU (CPU autocast is slower there).
+    amp = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.startswith("cuda") else (
+        contextlib.nullcontext)
+
+    def make_step():
+        model = copy.deepcopy(base)
+        opt = build_optimizer(model, "SGD", lr=0.01, momentum=0.937, decay=5e-4)[0]
+        ema = ModelEMA(model)
+
+        def run():
+            with amp():
+                preds = model(si.img)
+            total, _ = crit(preds, si.batch)
+            total.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=10.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            ema.update(model)
+
+        return run
+
+    auto = ", ".join(f"{op}={b}" for op, b, _ in describe(torch.device(device).type))
+    variants = [Variant("ref", _under("ref", make_step())),
+                Variant("auto", _under("auto", make_step()), auto)]
+    return Case(p, "train_step", device, variants, items_per_call=p.batch,
+                what=f"{p.model} train step (forward, loss, backward, SGD, EMA), B={p.batch}, {p.imgsz} px")
+
+
+def build_cases(preset, device: str = "cpu", seed: int = 0, backends=None, ops=None) -> list[Case]:
+    """The cases of one preset (name or Preset) on ``device``.
+
+    backends: yolofast backends to time (default ``BACKENDS[device type]``; "ref" is always first);
+    ops: restrict to these benchmark ops (default all of the preset's kind).
+    """
+    p = get_preset(preset) if isinstance(preset, str) else preset
+    dtype = torch.device(device).type
+    from yolofast.ops._backend import BACKENDS as KNOWN
+
+    backends = tuple(backends or BACKENDS.get(dtype, ("ref",)))
+    bad = [b for b in backends if b not in KNOWN]
+    if bad:
+        raise ValueError(f"unknown backend(s) {', '.join(bad)}; choose from {', '.join(KNOWN)}")
+    if "ref" not in backends:
+        backends = ("ref", *backends)
+    backends = ("ref", *[b for b in backends if b != "ref"])
+    ops = tuple(ops or p.ops)
+    if p.kind in ("loss", "assign"):
+        return _loss_cases(p, device, seed, backends, ops)
+    if p.kind == "ema":
+        return [_ema_case(p, device, seed, backends)] if "ema_update" in ops else []
+    if p.kind == "step":
+        return [_step_case(p, device, seed)] if "train_step" in ops else []
+    raise ValueError(f"preset {p.name}: unknown kind {p.kind!r}")

@@ -1,0 +1,261 @@
+"""Compare two benchmark runs (``yolofast bench --compare old.json new.json``); check CI ratio floors.
+
+What is compared: for every fused row (a yolofast backend other than "ref"; baselines are context only)
+its time RATIO to the reference of the same file when both files have that reference, since two runs on
+these shared machines differ by up to 50 % in absolute time while the fused/ref ratio of one run is
+stable; absolute medians only when a file has no reference row. A change past ``threshold`` (0.1 = the
+fused op got 10 % slower relative to the reference) is a regression, and so is a fused backend that ran
+in the old file and is unavailable or failing in the new one.
+
+Both ``yolofast bench --json`` files and ``pytest benchmarks --benchmark-json`` files are accepted (the
+latter matched by group, test name and its ``backend`` parameter).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+__all__ = [
+    "Change",
+    "GateResult",
+    "check_floors",
+    "compare",
+    "compare_files",
+    "format_compare",
+    "format_gate",
+    "load_results",
+]
+
+
+# ------------------------------------------------------------------------------------------ loading
+def _from_pytest_benchmark(data: dict) -> list[dict]:
+    """pytest-benchmark JSON -> rows: preset = group, op = test name without params, backend = the
+    ``backend``/``impl``/``variant`` parameter or extra_info (benchmarks/conftest.py's ``measure`` records
+    ``extra_info["variant"]``), else the bracketed id; ratios against the "ref" row of the same group+op."""
+    rows = []
+    for b in data.get("benchmarks", []):
+        params = b.get("params") or {}
+        extra = b.get("extra_info") or {}
+        name = b.get("name", "")
+        base, _, ident = name.partition("[")
+        backend = (params.get("backend") or extra.get("backend") or extra.get("variant")
+                   or params.get("impl") or params.get("variant") or ident.rstrip("]") or "?")
+        rows.append({
+            "preset": b.get("group") or extra.get("preset") or "",
+            "op": extra.get("op") or base,
+            "backend": str(backend),
+            "status": "ok",
+            "baseline": bool(extra.get("baseline", False)),
+            "median_ms": b["stats"]["median"] * 1e3,
+        })
+    refs = {(r["preset"], r["op"]): r["median_ms"] for r in rows if r["backend"] == "ref"}
+    for r in rows:
+        ref = refs.get((r["preset"], r["op"]))
+        r["ratio_vs_ref"] = r["median_ms"] / ref if ref else None
+    return rows
+
+
+def load_results(path) -> dict:
+    """{"source": "yolofast"|"pytest-benchmark", "rows": [...], "meta": {...}} from either kind of file."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"benchmark results {path} not found; write one with "
+                                "`yolofast bench --json PATH`") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not JSON ({e}); pass a file written by `yolofast bench --json` "
+                         "or `pytest benchmarks --benchmark-json`") from None
+    if isinstance(data, dict) and "rows" in data:
+        meta = {k: v for k, v in data.items() if k != "rows"}
+        return {"source": "yolofast", "rows": data["rows"], "meta": meta}
+    if isinstance(data, dict) and "benchmarks" in data:
+        return {"source": "pytest-benchmark", "rows": _from_pytest_benchmark(data),
+                "meta": {"git_commit": (data.get("commit_info") or {}).get("id"),
+                         "timestamp": data.get("datetime")}}
+    raise ValueError(f"{path}: neither a `yolofast bench --json` file (no 'rows') nor a pytest-benchmark "
+                     "file (no 'benchmarks')")
+
+
+# ------------------------------------------------------------------------------------------ compare
+@dataclasses.dataclass
+class Change:
+    preset: str
+    op: str
+    backend: str
+    metric: str  # "ratio" (fused/ref), "ms" (absolute median) or "" (not comparable)
+    old: float | None
+    new: float | None
+    change: float | None  # new / old - 1 (> 0: slower)
+    verdict: str  # "ok", "REGRESSION", "improved", "lost", "new", "gone", "info"
+    note: str = ""
+
+
+def _index(rows: list[dict]) -> dict:
+    return {(r["preset"], r["op"], r["backend"]): r for r in rows}
+
+
+def _ok(r: dict | None) -> bool:
+    return r is not None and r.get("status", "ok") == "ok" and r.get("median_ms") is not None
+
+
+def compare(old: dict, new: dict, threshold: float = 0.1) -> list[Change]:
+    """Changes per (preset, op, backend) from ``old`` to ``new`` (results of ``load_results``)."""
+    if threshold < 0:
+        raise ValueError(f"--threshold {threshold}: give a fraction >= 0, e.g. 0.1 for 10 %")
+    o, n = _index(old["rows"]), _index(new["rows"])
+    out = []
+    for key in list(o) + [k for k in n if k not in o]:
+        preset, op, backend = key
+        ro, rn = o.get(key), n.get(key)
+        is_ref = backend == "ref"
+        baseline = bool((ro or rn or {}).get("baseline"))
+        if rn is None:
+            out.append(Change(*key, "", None, None, None, "gone", "not in the new run"))
+            continue
+        if not _ok(rn):
+            why = f"{rn.get('status', '?')}: {rn.get('note', '')}".strip(": ")
+            lost = _ok(ro) and not is_ref and not baseline
+            out.append(Change(*key, "", None, None, None, "lost" if lost else "info", why))
+            continue
+        if not _ok(ro):
+            out.append(Change(*key, "", None, None, None, "new", "not measured in the old run"))
+            continue
+        ref_o, ref_n = o.get((preset, op, "ref")), n.get((preset, op, "ref"))
+        use_ratio = (not is_ref and _ok(ref_o) and _ok(ref_n)
+                     and ro.get("ratio_vs_ref") is not None and rn.get("ratio_vs_ref") is not None)
+        metric = "ratio" if use_ratio else "ms"
+        vo, vn = (ro["ratio_vs_ref"], rn["ratio_vs_ref"]) if use_ratio else (ro["median_ms"], rn["median_ms"])
+        change = vn / vo - 1 if vo else None
+        if is_ref or baseline:
+            verdict = "info"  # the reference / baselines only show how the machine moved
+        elif change is None:
+            verdict = "ok"
+        elif change > threshold:
+            verdict = "REGRESSION"
+        elif change < -threshold:
+            verdict = "improved"
+        else:
+            verdict = "ok"
+        out.append(Change(*key, metric, vo, vn, change, verdict))
+    return out
+
+
+def regressions(changes: list[Change]) -> list[Change]:
+    return [c for c in changes if c.verdict in ("REGRESSION", "lost")]
+
+
+def _num(metric: str, v) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.4g}" if metric == "ratio" else f"{v:.2f} ms"
+
+
+def format_compare(changes: list[Change], threshold: float = 0.1) -> str:
+    head = ("preset", "op", "backend", "metric", "old", "new", "change", "verdict")
+    cells = []
+    for c in changes:
+        ch = "-" if c.change is None else f"{c.change * 100:+.1f}%"
+        verdict = c.verdict + (f" ({c.note})" if c.note else "")
+        metric = {"ratio": "fused/ref", "ms": "median"}.get(c.metric, "-")
+        cells.append((c.preset, c.op, c.backend, metric, _num(c.metric, c.old), _num(c.metric, c.new), ch,
+                      verdict))
+    widths = [max([len(h)] + [len(x[i]) for x in cells]) for i, h in enumerate(head)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip()]
+    lines += ["  ".join(x.ljust(w) for x, w in zip(row, widths)).rstrip() for row in cells]
+    bad = regressions(changes)
+    lines.append(f"fused/ref: the fused time as a fraction of the same run's reference (lower is faster); "
+                 f"threshold {threshold * 100:.0f}%")
+    names = ", ".join(f"{c.preset}/{c.op}/{c.backend}" for c in bad)
+    lines.append(f"{len(bad)} regression(s)" + (f": {names}" if bad else ""))
+    return "\n".join(lines)
+
+
+def meta_differences(old: dict, new: dict) -> list[str]:
+    """What differs between two runs' setups beyond the code (threads, device, torch): worth a warning,
+    since a ratio also moves with them (2 threads on a busy 2-core box slow the fused kernels most)."""
+    fields = {
+        "threads": lambda m: m.get("threads"),
+        "device": lambda m: (m.get("device") or {}).get("name"),
+        "torch": lambda m: (m.get("versions") or {}).get("torch"),
+    }
+    out = []
+    for name, get in fields.items():
+        a, b = get(old), get(new)
+        if a is not None and b is not None and a != b:
+            out.append(f"the runs differ in {name}: {a} vs {b}")
+    return out
+
+
+def compare_files(old_path, new_path, threshold: float = 0.1, out=print) -> int:
+    """Print the comparison; 1 when a fused row regressed past ``threshold`` (or was lost), else 0."""
+    old, new = load_results(old_path), load_results(new_path)
+    changes = compare(old, new, threshold)
+    out(f"old: {old_path}\nnew: {new_path}")
+    for w in meta_differences(old["meta"], new["meta"]):
+        out(f"warning: {w}")
+    out(format_compare(changes, threshold))
+    return 1 if regressions(changes) else 0
+
+
+# ------------------------------------------------------------------------------------------ CI floors
+@dataclasses.dataclass
+class GateResult:
+    key: str  # "preset/op"
+    backend: str
+    floor: float
+    speedup: float | None
+    verdict: str  # "PASS", "FAIL", "SKIP"
+    note: str = ""
+
+
+def _key(k: str) -> tuple[str, str]:
+    if not re.fullmatch(r"[^/]+/[^/]+", k):
+        raise ValueError(f"floors.json key {k!r} is not 'preset/op' (e.g. 'loss-b8-640-50gt/tal_assign')")
+    preset, op = k.split("/")
+    return preset, op
+
+
+def check_floors(rows: list[dict], floors: dict, backend: str = "cpp",
+                 allow_missing: bool = False) -> tuple[bool, list[GateResult]]:
+    """Every "preset/op" of ``floors`` ({key: floor speed-up}) against measured ``rows`` (dicts).
+
+    FAIL: the speed-up (the row's paired median, else ref median / fused median) under its floor, a fused
+    row that errored, a reference that did not run, or no row at all; a fused backend that is unavailable
+    FAILS too unless ``allow_missing`` (then SKIP). Returns (all passed, results).
+    """
+    idx = _index(rows)
+    results = []
+    for k, floor in floors.items():
+        preset, op = _key(k)
+        floor = float(floor)
+        ref, fused = idx.get((preset, op, "ref")), idx.get((preset, op, backend))
+        if fused is None:
+            results.append(GateResult(k, backend, floor, None, "FAIL", "not measured"))
+        elif fused.get("status") == "n/a":
+            results.append(GateResult(k, backend, floor, None, "SKIP" if allow_missing else "FAIL",
+                                      f"{backend} unavailable: {fused.get('note', '')}"
+                                      + ("" if allow_missing else " (YOLOFAST_GATE_ALLOW_MISSING=1 skips)")))
+        elif not _ok(fused):
+            note = f"{backend} failed: {fused.get('note')}"
+            results.append(GateResult(k, backend, floor, None, "FAIL", note))
+        elif not _ok(ref):
+            results.append(GateResult(k, backend, floor, None, "FAIL", "the reference did not run"))
+        else:
+            s = fused.get("speedup") or ref["median_ms"] / fused["median_ms"]
+            results.append(GateResult(k, backend, floor, s, "PASS" if s >= floor else "FAIL",
+                                      "" if s >= floor else f"speed-up {s:.2f}x < floor {floor:.2f}x"))
+    return all(r.verdict != "FAIL" for r in results), results
+
+
+def format_gate(results: list[GateResult]) -> str:
+    head = ("preset/op", "backend", "speed-up", "floor", "verdict")
+    cells = [(r.key, r.backend, "-" if r.speedup is None else f"{r.speedup:.2f}x", f"{r.floor:.2f}x",
+              r.verdict + (f" ({r.note})" if r.note else "")) for r in results]
+    widths = [max([len(h)] + [len(x[i]) for x in cells]) for i, h in enumerate(head)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip()]
+    lines += ["  ".join(x.ljust(w) for x, w in zip(c, widths)).rstrip() for c in cells]
+    return "\n".join(lines)
