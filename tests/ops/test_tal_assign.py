@@ -1,0 +1,366 @@
+"""The C++ sparse assigner (csrc/cpu/tal_assign_kernel.cpp) against reference.tal_assign_ref.
+
+Integer outputs (labels, fg_mask, target_gt_idx) must be exactly equal and the boxes too (they are gathers);
+scores to rtol 1e-6 (+ atol 1e-10). The kernel takes atan from at::atan and pow from the SLEEF function
+that ATen's pow uses, so its overlaps and aligns are normally bit-identical; the reference itself computes
+the last few elements of each ATen pow call with libm (an ulp apart, amplified up to 6x by overlap^6; worst
+seen 3.2e-7 relative). Were the SLEEF lookup to fail on some platform, libm's pow would put ~1e-6 relative
+differences on some scores, and tiny scores (< 1e-7) whose CIoU is a near-cancelling difference more.
+Every output element is compared, so an element the kernel forgot to write fails.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from yolofast.boxes import make_anchors
+from yolofast.ops import reference
+from yolofast.ops.reference import tal_assign_ref
+
+
+def _load_op():
+    from yolofast.ops import _build
+
+    ok, why = _build.extension_status("cpp")
+    if not ok:
+        pytest.skip(f"C++ extension unavailable: {why}")
+    if not torch._C._dispatch_has_kernel_for_dispatch_key("yolofast::tal_assign", "CPU"):
+        pytest.skip("the C++ extension has no CPU tal_assign kernel")
+    return torch.ops.yolofast.tal_assign
+
+
+@pytest.fixture(scope="module")
+def op():
+    return _load_op()
+
+
+TOPK, ALPHA, BETA, EPS = 10, 0.5, 6.0, 1e-9
+NAMES = ("target_labels", "target_bboxes", "target_scores", "fg_mask", "target_gt_idx")
+
+
+def anchors_px(imgsz: int, dtype=torch.float32) -> torch.Tensor:
+    feats = [torch.empty(1, 1, imgsz // s, imgsz // s, dtype=dtype) for s in (8, 16, 32)]
+    pts, stride = make_anchors(feats, (8, 16, 32))
+    return pts * stride
+
+
+def random_scene(
+    seed, B=2, imgsz=640, M=50, C=80, pad=True, dtype=torch.float32, min_side=1.0, max_side=None
+):
+    """GTs of every size (1 px .. 0.9 * imgsz, log-uniform; tiny ones get widened), centres up to 20 px
+    past the border; predictions: half are jittered copies of a GT of the image (so CIoU > 0 and GTs
+    compete), half are random boxes around their anchor. mask_gt pads each image to M with garbage rows."""
+    g = torch.Generator().manual_seed(seed)
+    anc = anchors_px(imgsz, dtype)
+    A = anc.shape[0]
+
+    def U(*s):
+        return torch.rand(*s, generator=g, dtype=dtype)
+
+    max_side = max_side or imgsz * 0.9
+    centre = U(B, M, 2) * (imgsz + 40) - 20
+    wh = torch.exp(U(B, M, 2) * (math.log(max_side) - math.log(min_side)) + math.log(min_side))
+    gt = torch.cat((centre - wh / 2, centre + wh / 2), -1)
+    labels = torch.randint(0, C, (B, M, 1), generator=g).to(dtype)
+    if pad:
+        n_real = torch.randint(0, M + 1, (B,), generator=g)
+        mask = (torch.arange(M)[None] < n_real[:, None]).to(dtype)[..., None]
+        # padding rows hold garbage that must be ignored
+        gt = torch.where(mask.bool(), gt, U(B, M, 4) * imgsz)
+        labels = torch.where(mask.bool(), labels, torch.full_like(labels, -1))
+    else:
+        mask = torch.ones(B, M, 1, dtype=dtype)
+    pick = torch.randint(0, M, (B, A), generator=g)
+    base = gt.gather(1, pick[..., None].expand(B, A, 4))
+    size = (base[..., 2:] - base[..., :2]).repeat(1, 1, 2)
+    jittered = base + (U(B, A, 4) - 0.5) * 0.4 * size
+    own_wh = torch.exp(U(B, A, 2) * 5 + 1.0)
+    own_c = anc[None] + (U(B, A, 2) - 0.5) * 16
+    own = torch.cat((own_c - own_wh / 2, own_c + own_wh / 2), -1)
+    pd = torch.where(U(B, A, 1) < 0.5, jittered, own)
+    pd = torch.cat((torch.minimum(pd[..., :2], pd[..., 2:]), torch.maximum(pd[..., :2], pd[..., 2:])), -1)
+    scores = torch.sigmoid(torch.randn(B, A, C, generator=g, dtype=dtype) * 2 - 2)
+    return scores, pd, anc, labels, gt, mask
+
+
+def run_both(op, args, topk=TOPK, alpha=ALPHA, beta=BETA, eps=EPS):
+    ref = tal_assign_ref(*args, topk=topk, alpha=alpha, beta=beta, eps=eps)
+    out = op(*args, topk, alpha, beta, eps)
+    return ref, out
+
+
+def assert_same(ref, out, score_rtol=1e-6, score_atol=1e-10):
+    for name, r, o in zip(NAMES, ref, out):
+        assert o.dtype == r.dtype, f"{name}: dtype {o.dtype} != reference {r.dtype}"
+        assert o.shape == r.shape, f"{name}: shape {tuple(o.shape)} != reference {tuple(r.shape)}"
+        if name == "target_scores":
+            torch.testing.assert_close(
+                o, r, rtol=score_rtol, atol=score_atol, msg=lambda m, n=name: f"{n}: {m}"
+            )
+        else:
+            diff = (o != r) if not o.is_floating_point() else ~((o == r) | (o.isnan() & r.isnan()))
+            assert not diff.any(), (
+                f"{name}: {int(diff.sum())} elements differ, first at {diff.nonzero()[:5].tolist()}"
+            )
+
+
+def check(op, args, **kw):
+    ref, out = run_both(op, args, **kw)
+    assert_same(ref, out)
+    return ref, out
+
+
+# ------------------------------------------------------------------------------------------------ random
+@pytest.mark.parametrize("seed", range(30))
+def test_random_scenes_match_reference(op, seed):
+    M = (1, 8, 40, 120, 300)[seed % 5]
+    ref, out = check(op, random_scene(seed, B=2, M=M, pad=seed % 3 != 0))
+    if M >= 40:  # the scenes must exercise the assigner, not just background
+        assert ref[3].sum() > 10 * (M // 40)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_fp64_inputs(op, seed):
+    args = random_scene(100 + seed, B=2, M=(5, 60, 200)[seed], dtype=torch.float64)
+    ref, out = check(op, args)
+    assert out[2].dtype == torch.float64 and out[1].dtype == torch.float64
+
+
+def test_mixed_dtypes_follow_reference(op):
+    """bf16 scores with fp32 boxes: computed in fp32, target_scores back in bf16; fp64 boxes with fp32
+    scores: computed in fp64, target_scores fp32, target_bboxes fp64."""
+    scores, pd, anc, labels, gt, mask = random_scene(7, B=2, M=60)
+    ref, out = run_both(op, (scores.bfloat16(), pd, anc, labels, gt, mask))
+    assert_same(ref, out, score_rtol=1e-2, score_atol=1e-6)  # one bf16 ulp if fp32 ulps straddle a rounding
+    check(op, (scores, pd, anc, labels.long(), gt.double(), mask.bool()))
+
+
+def test_non_default_hyperparameters(op):
+    args = random_scene(11, B=2, M=80)
+    for topk, alpha, beta in ((13, 1.0, 2.0), (1, 0.5, 6.0), (10, 0.25, 3.5), (10, 0.5, 0.0), (0, 0.5, 6.0)):
+        check(op, args, topk=topk, alpha=alpha, beta=beta)
+
+
+def test_same_result_on_any_thread_count(op):
+    args = random_scene(12, B=3, M=200)
+    n = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = op(*args, TOPK, ALPHA, BETA, EPS)
+    finally:
+        torch.set_num_threads(n)
+    many = op(*args, TOPK, ALPHA, BETA, EPS)
+    for name, a, b in zip(NAMES, one, many):
+        assert torch.equal(a, b), name
+
+
+# ------------------------------------------------------------------------------------------ constructed
+def _one_image(gt_boxes, labels, pd_box=None, imgsz=640, C=4, score=0.5, dtype=torch.float32):
+    """One image, anchors of a 640 px pyramid, every prediction the same box (or per-anchor boxes)."""
+    anc = anchors_px(imgsz, dtype)
+    A = anc.shape[0]
+    gt = torch.tensor(gt_boxes, dtype=dtype)[None]
+    M = gt.shape[1]
+    lab = torch.tensor(labels, dtype=dtype).view(1, M, 1)
+    mask = torch.ones(1, M, 1, dtype=dtype)
+    if pd_box is None:
+        pd_box = gt[0, 0]
+    pd = torch.as_tensor(pd_box, dtype=dtype).expand(1, A, 4).clone()
+    scores = torch.full((1, A, C), score, dtype=dtype)
+    return scores, pd, anc, lab, gt, mask
+
+
+def test_topk_ties_go_to_lower_anchor_index(op):
+    # Every candidate has the same prediction and score: all aligns tie, so the k picks are the k
+    # candidates with the lowest anchor index (row-major in the stride-8 level first).
+    args = _one_image([[200.0, 200.0, 300.0, 260.0]], [1], pd_box=[205.0, 202.0, 298.0, 262.0])
+    ref, out = check(op, args)
+    anc = args[2]
+    inside = (anc[:, 0] > 200) & (anc[:, 0] < 300) & (anc[:, 1] > 200) & (anc[:, 1] < 260)
+    expected = inside.nonzero().squeeze(1)[:TOPK]
+    assert out[3][0].nonzero().squeeze(1).tolist() == expected.tolist()
+
+
+def test_identical_gts_tie_to_lowest_index(op):
+    box = [300.0, 100.0, 380.0, 150.0]
+    other = [20.0, 500.0, 90.0, 600.0]
+    args = _one_image([other, box, box, box], [0, 1, 2, 3], pd_box=[302.0, 101.0, 377.0, 152.0])
+    ref, out = check(op, args)
+    fg, idx = out[3][0], out[4][0]
+    assert fg.sum() == TOPK  # the three copies pick the same anchors; all conflicts, all to GT 1
+    assert set(idx[fg].tolist()) == {1}
+
+
+def test_conflict_goes_to_best_overlap_even_if_it_did_not_select(op):
+    # GT 0 (label 0) and GT 1 (label 1) overlap. Anchor predictions are GT 1's box, but class 0 scores
+    # high and class 1 scores low; GT 2 (label 0) has GT 0's box, so GT 0 and 2 select the same anchors.
+    # Conflicts resolve by overlap: GT 1 fits the predictions best although it selected other anchors.
+    gts = [[100.0, 100.0, 260.0, 260.0], [120.0, 120.0, 250.0, 250.0], [100.0, 100.0, 260.0, 260.0]]
+    scores, pd, anc, lab, gt, mask = _one_image(gts, [0, 1, 0], pd_box=gts[1])
+    g = torch.Generator().manual_seed(0)
+    scores = scores * (0.5 + torch.rand(scores.shape, generator=g))  # break the ties of test above
+    scores[..., 1] *= 0.01
+    ref, out = check(op, (scores, pd, anc, lab, gt, mask))
+    assert (out[4][0][out[3][0]] == 1).any()
+
+
+def _f32_step(v: float, steps: int) -> float:
+    """v moved by `steps` float32 ulps (negative: down)."""
+    t = torch.tensor(v, dtype=torch.float32)
+    target = torch.tensor(math.inf if steps > 0 else -math.inf)
+    for _ in range(abs(steps)):
+        t = torch.nextafter(t, target)
+    return t.item()
+
+
+def test_anchor_exactly_on_box_edges(op):
+    # Stride-8 centres are 4, 12, 20, ...; an edge ON a centre excludes it (strict inequality), an edge one
+    # float32 ulp outside includes it, one ulp inside excludes it.
+    gts = [
+        [100.0, 100.0, 164.0, 132.0],  # all four sides on centres
+        [_f32_step(4.0, -1), _f32_step(4.0, -1), _f32_step(20.0, 1), _f32_step(20.0, 1)],
+        [_f32_step(4.0, 1), _f32_step(300.0, 1), _f32_step(36.0, -1), 340.0],
+        [600.0, 600.0, 636.0, 636.0],  # bottom-right corner, centres 604..628
+    ]
+    scores, pd, anc, lab, gt, mask = _one_image(gts, [0, 1, 2, 3])
+    pd = torch.cat((anc - 10, anc + 10), -1)[None]  # boxes around their anchors: CIoU > 0 near each GT
+    ref, out = check(op, (scores, pd, anc, lab, gt, mask), topk=100)
+    ax, ay = anc[:, 0], anc[:, 1]
+    fg, idx = out[3][0], out[4][0]
+    # GT 0's positives lie strictly inside it, none on its edges
+    in0 = (ax > 100) & (ax < 164) & (ay > 100) & (ay < 132)
+    fg0 = fg & (idx == 0)
+    assert not (fg0 & ~in0).any() and (fg0 & in0).any()
+    # GT 1 (edges one ulp outside the centres 4 and 20) owns the stride-8 anchor at (4, 4)
+    assert fg[0] and idx[0] == 1
+
+
+def test_small_boxes_are_widened_and_may_have_fewer_than_k_candidates(op):
+    gts = [[50.0, 50.0, 52.0, 53.0], [300.0, 300.0, 315.99, 316.0], [400.0, 40.0, 416.0, 41.0]]
+    scores, pd, anc, lab, gt, mask = _one_image(gts, [0, 1, 2])
+    pd = torch.cat((anc - 6, anc + 6), -1)[None]
+    ref, out = check(op, (scores, pd, anc, lab, gt, mask))
+    counts = torch.bincount(out[4][0][out[3][0]], minlength=3)
+    assert (counts > 0).all() and (counts < TOPK).any()
+
+
+def test_no_gt_slots(op):
+    scores, pd, anc, labels, gt, mask = random_scene(3, B=2, M=4)
+    ref, out = check(op, (scores, pd, anc, labels[:, :0], gt[:, :0], mask[:, :0]))
+    assert (out[0] == scores.shape[-1]).all() and not out[3].any()
+
+
+def test_all_padding(op):
+    scores, pd, anc, labels, gt, mask = random_scene(4, B=2, M=6)
+    labels[0, 0], labels[1, 0] = 3.0, -1.0  # padding labels still become the background label, clamped >= 0
+    ref, out = check(op, (scores, pd, anc, labels, gt, torch.zeros_like(mask)))
+    assert not out[3].any() and (out[0][0] == 3).all() and (out[0][1] == 0).all()
+
+
+def test_out_of_range_labels_follow_reference(op):
+    scores, pd, anc, labels, gt, mask = random_scene(5, B=2, M=30, pad=False)
+    labels[0, :3, 0] = torch.tensor([-1.0, 80.0, 200.0])
+    check(op, (scores, pd, anc, labels, gt, mask))
+
+
+@pytest.mark.parametrize(
+    "kind", ["random_points", "perturbed_grid", "single_level", "levels_reversed", "few_anchors"]
+)
+def test_arbitrary_anchors(op, kind):
+    """Anchors that are not make_anchors' grid: the kernel's grid inference must notice (or describe them
+    exactly) and still give the reference's answer."""
+    scores, pd, anc, labels, gt, mask = random_scene(21, B=2, M=40)
+    g = torch.Generator().manual_seed(1)
+    if kind == "random_points":
+        anc = torch.rand(anc.shape, generator=g) * 640
+    elif kind == "perturbed_grid":
+        anc = anc.clone()
+        anc[1234, 0] = torch.nextafter(anc[1234, 0], torch.tensor(1e9))
+        anc[5000, 1] -= 3.0
+    elif kind == "levels_reversed":  # still grids (stride 32 first): ties must follow the anchor index
+        order = torch.cat((torch.arange(8000, 8400), torch.arange(6400, 8000), torch.arange(0, 6400)))
+        anc, scores, pd = anc[order], scores[:, order], pd[:, order]
+    elif kind == "single_level":
+        anc = anchors_px(640)[:6400].flip(0)  # descending: no row is increasing
+        scores, pd = scores[:, :6400], pd[:, :6400]
+    else:
+        idx = torch.randperm(anc.shape[0], generator=g)[:7]
+        anc, scores, pd = anc[idx], scores[:, idx], pd[:, idx]
+    check(op, (scores, pd, anc, labels, gt, mask))
+    if kind == "few_anchors":
+        check(op, (scores, pd, anc, labels, gt, mask), topk=30)  # topk > A
+
+
+def test_non_finite_boxes_follow_reference(op):
+    """NaN/inf predictions (a diverged model) and a NaN GT: NaN aligns rank first in the reference's sort and
+    take top-k slots without becoming positives; the kernel must reproduce that, not crash."""
+    scores, pd, anc, labels, gt, mask = random_scene(16, B=2, M=40, pad=False)
+    g = torch.Generator().manual_seed(2)
+    bad = torch.rand(pd.shape[:2], generator=g) < 0.05
+    pd = torch.where(bad[..., None], torch.tensor([float("nan"), 0.0, 10.0, 10.0]), pd)
+    inf = torch.rand(pd.shape[:2], generator=g) < 0.02
+    pd = torch.where(inf[..., None], torch.tensor([-float("inf"), 0.0, float("inf"), 30.0]), pd)
+    gt[0, 3] = float("nan")
+    check(op, (scores, pd, anc, labels, gt, mask))
+
+
+def test_outputs_are_written_everywhere(op):
+    """Freed NaN-filled blocks of the outputs' sizes are likely to be handed back by malloc: any output
+    element the kernel does not write keeps the poison and fails the comparison."""
+    args = random_scene(9, B=2, M=50)
+    B, A, C = args[0].shape
+    for _ in range(2):
+        poison = [
+            torch.full((B, A, C), float("nan")),
+            torch.full((B, A, 4), float("nan")),
+            torch.full((B, A), -7, dtype=torch.long),
+            torch.full((B, A), -7, dtype=torch.long),
+        ]
+        del poison
+    check(op, args)
+
+
+def test_public_wrapper_uses_cpp_backend(op):
+    from yolofast import ops
+
+    args = random_scene(13, B=2, M=30)
+    with ops.backend("cpp"):
+        out = ops.tal_assign(*args)
+    direct = op(*args, TOPK, ALPHA, BETA, EPS)
+    for name, a, b in zip(NAMES, out, direct):
+        assert torch.equal(a, b), name
+
+
+def test_bad_shapes_raise_clear_errors(op):
+    scores, pd, anc, labels, gt, mask = random_scene(14, B=2, M=5)
+    with pytest.raises(RuntimeError, match="tal_assign: anc_points"):
+        op(scores, pd, anc[:-1], labels, gt, mask, TOPK, ALPHA, BETA, EPS)
+    with pytest.raises(RuntimeError, match="tal_assign: pd_bboxes"):
+        op(scores, pd[..., :3], anc, labels, gt, mask, TOPK, ALPHA, BETA, EPS)
+    with pytest.raises(RuntimeError, match="tal_assign: mask_gt"):
+        op(scores, pd, anc, labels, gt, mask[:, :4], TOPK, ALPHA, BETA, EPS)
+    with pytest.raises(RuntimeError, match="tal_assign: topk"):
+        op(scores, pd, anc, labels, gt, mask, -1, ALPHA, BETA, EPS)
+
+
+def test_opcheck(op):
+    scores, pd, anc, labels, gt, mask = random_scene(15, B=2, imgsz=128, M=6, C=3)
+    torch.library.opcheck(
+        torch.ops.yolofast.tal_assign.default, (scores, pd, anc, labels, gt, mask, TOPK, ALPHA, BETA, EPS)
+    )
+
+
+@pytest.mark.slow
+def test_dense_scene_matches_reference(op):
+    """B=2, 640 px, 1,000 GT per image (the reference needs ~2 GB here)."""
+    args = random_scene(31, B=2, M=1000, pad=False, min_side=4.0, max_side=96.0)
+    ref, out = check(op, args)
+    assert ref[3].sum() > 1000
+
+
+def test_reference_module_is_the_spec():
+    # Guards the assumptions the kernel's comments cite (small-side widening to 16 px).
+    assert reference.SMALL_GT_SIDE == 16.0
