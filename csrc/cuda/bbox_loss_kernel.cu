@@ -1,0 +1,319 @@
+// Fused CIoU box loss + DFL + BCE class loss with their gradients on the GPU (DESIGN §2.2); the spec is
+// reference.bbox_loss_ref and the formulas (and their derivation) follow csrc/cpu/bbox_loss_kernel.cpp.
+//
+// Two launches, no float atomics (run-to-run identical):
+//   1. loss_kernel: one warp per anchor row (8 rows per warp, 64 per block). Lanes run over the C classes
+//      (BCE and its gradient sigmoid(x) - t, coalesced) and, for a foreground row, over the 4 x R DFL bins
+//      of each side (softmax and expectation by warp butterflies, so every lane holds the same sums);
+//      the decoded box, CIoU and its gradient (alpha held constant) are scalar work that every lane repeats.
+//      Background rows get zero box/DFL gradients. Each block writes 4 partial sums (box, cls, dfl, sum t)
+//      in float64, reduced in a fixed order.
+//   2. reduce_kernel (one block): adds the partials in a fixed tree order, S = max(sum t, 1), writes
+//      [L_box, L_cls, L_dfl] / S and 1/S on the device (no host sync; CUDA-graph capturable).
+// Gradients written are those of S*L_box, S*L_dfl (w.r.t. pred_dist) and S*L_cls (w.r.t. pred_scores);
+// backward only scales them (yolofast/ops/_library.py).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "cuda_common.cuh"
+#include "cuda_launchers.h"
+
+namespace yolofast {
+namespace cuda {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kRowsPerWarp = 8;
+constexpr int kRowsPerBlock = kWarps * kRowsPerWarp;
+constexpr int kThreads = kWarps * 32;
+constexpr int kReduceThreads = 256;
+constexpr double kEps = 1e-7;  // CIoU's eps (reference.bbox_ciou)
+constexpr double kFourOverPi2 = 0.40528473456935108578;
+
+template <typename T>
+struct Math;
+template <>
+struct Math<float> {
+  static __device__ __forceinline__ float exp(float x) { return ::expf(x); }
+  static __device__ __forceinline__ float log(float x) { return ::logf(x); }
+  static __device__ __forceinline__ float log1p(float x) { return ::log1pf(x); }
+  static __device__ __forceinline__ float atan(float x) { return ::atanf(x); }
+  static __device__ __forceinline__ float floor(float x) { return ::floorf(x); }
+};
+template <>
+struct Math<double> {
+  static __device__ __forceinline__ double exp(double x) { return ::exp(x); }
+  static __device__ __forceinline__ double log(double x) { return ::log(x); }
+  static __device__ __forceinline__ double log1p(double x) { return ::log1p(x); }
+  static __device__ __forceinline__ double atan(double x) { return ::atan(x); }
+  static __device__ __forceinline__ double floor(double x) { return ::floor(x); }
+};
+
+// d min(a, b) / d a as torch.minimum's backward has it: 1 if a < b, 1/2 on a tie, 0 otherwise.
+template <typename T>
+__device__ __forceinline__ T d_min(T a, T b) {
+  return a < b ? T(1) : (a == b ? T(0.5) : T(0));
+}
+template <typename T>
+__device__ __forceinline__ T d_max(T a, T b) {
+  return a > b ? T(1) : (a == b ? T(0.5) : T(0));
+}
+
+template <typename T>
+struct LossParams {
+  const T* pd;
+  const T* ps;
+  const T* anc;
+  const T* tb;
+  const T* ts;
+  const bool* fg;
+  T* gbox;
+  T* gdfl;
+  T* gs;
+  double* part;
+  int64_t N, A, C;
+  int R;
+};
+
+// Box (CIoU) and DFL terms of one foreground row, weighted by w; writes the row's 4R gradients of both
+// and returns (1 - CIoU)*w and mean_sides(dfl)*w. Called by a whole warp (all lanes get the same sums).
+template <typename T>
+__device__ __forceinline__ void box_dfl_row(const LossParams<T>& p, int64_t n, T w, int lane, T& lbox,
+                                            T& ldfl) {
+  using F = Math<T>;
+  const int R = p.R, R4 = 4 * R;
+  const T* z = p.pd + n * R4;
+  T* gb = p.gbox + n * R4;
+  T* gd = p.gdfl + n * R4;
+
+  // softmax per side over R <= 64 bins: bins lane and lane + 32 of each side live in this lane
+  T pr[4][2], E[4], base[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    T zv[2];
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+      const int j = lane + 32 * t;
+      zv[t] = j < R ? z[k * R + j] : T(-INFINITY);
+    }
+    const T mx = warp_max(zv[0] > zv[1] ? zv[0] : zv[1]);
+    T ev[2];
+#pragma unroll
+    for (int t = 0; t < 2; ++t) ev[t] = lane + 32 * t < R ? F::exp(zv[t] - mx) : T(0);
+    const T sum = warp_sum(ev[0] + ev[1]);
+    T ex = T(0);
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+      pr[k][t] = ev[t] / sum;
+      ex += pr[k][t] * static_cast<T>(lane + 32 * t);
+    }
+    E[k] = warp_sum(ex);
+    base[k] = mx + F::log(sum);  // log_softmax = z - base
+  }
+
+  const int64_t a = n % p.A;
+  const T ax = p.anc[2 * a], ay = p.anc[2 * a + 1];
+  const T* tb = p.tb + 4 * n;
+
+  // ---- CIoU(pred = box 1, target = box 2), forward in the reference's order
+  const T eps = T(kEps), K = T(kFourOverPi2);
+  const T x1 = ax - E[0], y1 = ay - E[1], x2 = ax + E[2], y2 = ay + E[3];
+  const T X1 = tb[0], Y1 = tb[1], X2 = tb[2], Y2 = tb[3];
+  const T w1 = x2 - x1, h1 = y2 - y1 + eps;
+  const T w2 = X2 - X1, h2 = Y2 - Y1 + eps;
+  const T ihx = nan_min(x2, X2), ilx = nan_max(x1, X1);
+  const T ihy = nan_min(y2, Y2), ily = nan_max(y1, Y1);
+  const T iw_raw = ihx - ilx, ih_raw = ihy - ily;
+  const T iw = iw_raw > T(0) ? iw_raw : T(0);
+  const T ih = ih_raw > T(0) ? ih_raw : T(0);
+  const T inter = iw * ih;
+  const T uni = w1 * h1 + w2 * h2 - inter + eps;
+  const T iou = inter / uni;
+  const T cw = nan_max(x2, X2) - nan_min(x1, X1);
+  const T ch = nan_max(y2, Y2) - nan_min(y1, Y1);
+  const T c2 = cw * cw + ch * ch + eps;
+  const T dx = (X1 + X2) - (x1 + x2), dy = (Y1 + Y2) - (y1 + y2);
+  const T rho2 = (dx * dx + dy * dy) / T(4);
+  const T q1 = w1 / h1;
+  const T da = F::atan(w2 / h2) - F::atan(q1);
+  const T v = K * da * da;
+  const T alpha = v / (v - iou + (T(1) + eps));  // a constant in the gradient
+  const T ciou = iou - (rho2 / c2 + v * alpha);
+  lbox += (T(1) - ciou) * w;
+
+  // ---- CIoU backward: g = d[(1 - ciou) * w] / d ciou. Subgradients as autograd's: clamp(min=0) passes
+  // the gradient at exactly 0, minimum/maximum split it evenly on a tie.
+  const T g = -w;
+  const T g_inter_iou = g / uni;
+  const T g_union = -g * iou / uni;
+  const T g_inter = g_inter_iou - g_union;
+  T g_w1 = g_union * h1, g_h1 = g_union * w1;
+  const T g_iwr = iw_raw >= T(0) ? g_inter * ih : T(0);
+  const T g_ihr = ih_raw >= T(0) ? g_inter * iw : T(0);
+  T g_x1 = -g_iwr * d_max(x1, X1), g_x2 = g_iwr * d_min(x2, X2);
+  T g_y1 = -g_ihr * d_max(y1, Y1), g_y2 = g_ihr * d_min(y2, Y2);
+  const T g_c2 = g * rho2 / (c2 * c2);
+  const T g_cw = g_c2 * T(2) * cw, g_ch = g_c2 * T(2) * ch;
+  g_x2 += g_cw * d_max(x2, X2);
+  g_x1 -= g_cw * d_min(x1, X1);
+  g_y2 += g_ch * d_max(y2, Y2);
+  g_y1 -= g_ch * d_min(y1, Y1);
+  const T g_rho2 = -g / c2;
+  const T g_dx = g_rho2 * dx / T(2), g_dy = g_rho2 * dy / T(2);
+  g_x1 -= g_dx;
+  g_x2 -= g_dx;
+  g_y1 -= g_dy;
+  g_y2 -= g_dy;
+  const T g_v = -g * alpha;
+  const T g_q1 = -(g_v * K * T(2) * da) / (T(1) + q1 * q1);  // d atan(q)/dq = 1/(1+q^2)
+  g_w1 += g_q1 / h1;
+  g_h1 -= g_q1 * w1 / (h1 * h1);
+  g_x2 += g_w1;
+  g_x1 -= g_w1;
+  g_y2 += g_h1;
+  g_y1 -= g_h1;
+  const T gE[4] = {-g_x1, -g_y1, g_x2, g_y2};
+
+  // ---- DFL: targets clamped to [0, R - 1 - 0.01] so that bin tl + 1 exists
+  const T hi = static_cast<T>(static_cast<double>(R) - 1 - 0.01);
+  const T td[4] = {ax - X1, ay - Y1, X2 - ax, Y2 - ay};
+  const T cd = w / T(4);  // mean over the 4 sides, times the weight
+  T dfl = T(0);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    T t = td[k] < T(0) ? T(0) : td[k];
+    t = t > hi ? hi : t;
+    const T tlf = F::floor(t);
+    const int tl = min(max(static_cast<int>(tlf), 0), R - 2);  // the clamp only guards a NaN target
+    const T wl = (tlf + T(1)) - t;
+    const T wr = T(1) - wl;
+    dfl += wl * (z[k * R + tl] - base[k]) + wr * (z[k * R + tl + 1] - base[k]);
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      const int j = lane + 32 * s;
+      if (j >= R) continue;
+      const T pj = pr[k][s];
+      gb[k * R + j] = gE[k] * pj * (static_cast<T>(j) - E[k]);
+      T gj = cd * (wl + wr) * pj;
+      if (j == tl) gj -= cd * wl;
+      if (j == tl + 1) gj -= cd * wr;
+      gd[k * R + j] = gj;
+    }
+  }
+  ldfl += -dfl / T(4) * w;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) loss_kernel(const LossParams<T> p) {
+  using F = Math<T>;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + warp * kRowsPerWarp;
+  const int R4 = 4 * p.R;
+  T acc_cls = T(0), acc_t = T(0);  // per lane
+  T acc_box = T(0), acc_dfl = T(0);  // the same in every lane
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    const int64_t n = row0 + r;
+    if (n >= p.N) break;  // warp-uniform
+    // ---- BCE over the classes: (1 - t) x - log_sigmoid(x); gradient sigmoid(x) - t; w = sum_c t
+    const T* x = p.ps + n * p.C;
+    const T* tt = p.ts + n * p.C;
+    T* gs = p.gs + n * p.C;
+    T wl = T(0);
+    for (int64_t c = lane; c < p.C; c += 32) {
+      const T xi = x[c], ti = tt[c];
+      const T e = F::exp(-fabs(xi));
+      acc_cls += (T(1) - ti) * xi - (xi < T(0) ? xi : T(0)) + F::log1p(e);
+      gs[c] = (xi >= T(0) ? T(1) : e) / (T(1) + e) - ti;
+      wl += ti;
+    }
+    acc_t += wl;
+    T* gb = p.gbox + n * R4;
+    T* gd = p.gdfl + n * R4;
+    if (!p.fg[n]) {
+      for (int j = lane; j < R4; j += 32) gb[j] = gd[j] = T(0);
+      continue;
+    }
+    box_dfl_row(p, n, warp_sum(wl), lane, acc_box, acc_dfl);
+  }
+  acc_cls = warp_sum(acc_cls);
+  acc_t = warp_sum(acc_t);
+  __shared__ double s_part[kWarps][4];
+  if (lane == 0) {
+    s_part[warp][0] = static_cast<double>(acc_box);
+    s_part[warp][1] = static_cast<double>(acc_cls);
+    s_part[warp][2] = static_cast<double>(acc_dfl);
+    s_part[warp][3] = static_cast<double>(acc_t);
+  }
+  __syncthreads();
+  if (threadIdx.x < 4) {
+    double s = 0.0;
+    for (int w = 0; w < kWarps; ++w) s += s_part[w][threadIdx.x];
+    p.part[static_cast<int64_t>(blockIdx.x) * 4 + threadIdx.x] = s;
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kReduceThreads) reduce_kernel(const double* __restrict__ part, int64_t n_part,
+                                                                 T* __restrict__ losses, T* __restrict__ inv_s) {
+  __shared__ double s[4][kReduceThreads];
+  const int tid = threadIdx.x;
+  double acc[4] = {0.0, 0.0, 0.0, 0.0};
+  for (int64_t i = tid; i < n_part; i += kReduceThreads)
+    for (int c = 0; c < 4; ++c) acc[c] += part[4 * i + c];
+  for (int c = 0; c < 4; ++c) s[c][tid] = acc[c];
+  __syncthreads();
+  for (int h = kReduceThreads / 2; h > 0; h >>= 1) {
+    if (tid < h)
+      for (int c = 0; c < 4; ++c) s[c][tid] += s[c][tid + h];
+    __syncthreads();
+  }
+  if (tid == 0) {
+    const double S = s[3][0] > 1.0 ? s[3][0] : 1.0;
+    for (int c = 0; c < 3; ++c) losses[c] = static_cast<T>(s[c][0] / S);
+    *inv_s = static_cast<T>(1.0 / S);
+  }
+}
+
+template <typename T>
+cudaError_t launch_impl(const BboxShape& s, const BboxArgs& a, cudaStream_t st) {
+  const int64_t N = s.B * s.A;
+  const int64_t n_part = ceil_div(N, kRowsPerBlock);
+  double* part = static_cast<double*>(a.workspace);
+  if (n_part > 0) {
+    LossParams<T> p;
+    p.pd = static_cast<const T*>(a.pd);
+    p.ps = static_cast<const T*>(a.ps);
+    p.anc = static_cast<const T*>(a.anc);
+    p.tb = static_cast<const T*>(a.tb);
+    p.ts = static_cast<const T*>(a.ts);
+    p.fg = a.fg;
+    p.gbox = static_cast<T*>(a.gd_box);
+    p.gdfl = static_cast<T*>(a.gd_dfl);
+    p.gs = static_cast<T*>(a.gs);
+    p.part = part;
+    p.N = N;
+    p.A = s.A;
+    p.C = s.C;
+    p.R = static_cast<int>(s.R);
+    loss_kernel<T><<<static_cast<unsigned>(n_part), kThreads, 0, st>>>(p);
+    YF_CHECK_LAUNCH();
+  }
+  reduce_kernel<T><<<1, kReduceThreads, 0, st>>>(part, n_part, static_cast<T*>(a.losses),
+                                                  static_cast<T*>(a.inv_s));
+  YF_CHECK_LAUNCH();
+  return cudaSuccess;
+}
+
+}  // namespace
+
+size_t bbox_loss_workspace_bytes(const BboxShape& s) {
+  return static_cast<size_t>(std::max<int64_t>(ceil_div(s.B * s.A, kRowsPerBlock), 1)) * 4 * sizeof(double);
+}
+
+cudaError_t bbox_loss_launch(const BboxShape& s, const BboxArgs& a, bool f64, cudaStream_t stream) {
+  return f64 ? launch_impl<double>(s, a, stream) : launch_impl<float>(s, a, stream);
+}
+
+}  // namespace cuda
+}  // namespace yolofast

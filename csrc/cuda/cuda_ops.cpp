@@ -1,0 +1,251 @@
+// at::Tensor bindings of the CUDA kernels: TORCH_LIBRARY_IMPL(yolofast, CUDA, m) for the schemas defined
+// in yolofast/ops/_library.py. Shapes, dtypes and outputs follow the CPU kernels (csrc/cpu/*.cpp) and the
+// references (yolofast/ops/reference.py); the kernels themselves are in *.cu (no torch headers there).
+//
+// Every op: checks (clear messages naming the argument), a device guard, the current stream, outputs and
+// workspace from the caching allocator (CUDA-graph friendly: no host sync, no cudaMalloc), and a
+// TORCH_CHECK on the launcher's error code (cudaGetLastError after every launch).
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <cstdlib>
+#include <limits>
+#include <tuple>
+
+#include "cuda_launchers.h"
+
+namespace yolofast {
+namespace cuda {
+namespace {
+
+using Outputs5 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+// YOLOFAST_POISON_OUTPUTS=1: fill fresh outputs with NaN / -7 / true first, so a test sees any element a
+// kernel forgets to write (same switch as the CPU kernels, csrc/cpu/cpu_common.h).
+bool poison_outputs() {
+  const char* v = std::getenv("YOLOFAST_POISON_OUTPUTS");
+  return v != nullptr && v[0] != '\0' && v[0] != '0';
+}
+
+void poison(at::Tensor& t) {
+  if (t.is_floating_point()) t.fill_(std::numeric_limits<double>::quiet_NaN());
+  else if (t.scalar_type() == at::kBool) t.fill_(true);
+  else t.fill_(-7);
+}
+
+void check_launch(cudaError_t err, const char* op) {
+  TORCH_CHECK(err == cudaSuccess, "yolofast::", op, " (CUDA): kernel launch failed: ", cudaGetErrorString(err),
+              " (", static_cast<int>(err), ")");
+}
+
+void check_device(const at::Tensor& ref, std::initializer_list<std::pair<const char*, const at::Tensor*>> ts,
+                  const char* op) {
+  TORCH_CHECK(ref.is_cuda(), op, ": expected CUDA tensors, got ", ref.device());
+  for (const auto& [name, t] : ts)
+    TORCH_CHECK(t->device() == ref.device(), op, ": ", name, " is on ", t->device(), " but the other inputs on ",
+                ref.device(), "; move every input to one device");
+}
+
+// ------------------------------------------------------------------------------------------ tal_assign
+void tal_check_shapes(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
+                      const at::Tensor& gt_labels, const at::Tensor& gt_bboxes, const at::Tensor& mask_gt,
+                      int64_t topk) {
+  TORCH_CHECK(pd_scores.dim() == 3, "tal_assign: pd_scores must be (B, A, C), got ", pd_scores.sizes());
+  const int64_t B = pd_scores.size(0), A = pd_scores.size(1);
+  TORCH_CHECK(pd_bboxes.dim() == 3 && pd_bboxes.size(0) == B && pd_bboxes.size(1) == A && pd_bboxes.size(2) == 4,
+              "tal_assign: pd_bboxes must be (B, A, 4) = (", B, ", ", A, ", 4), got ", pd_bboxes.sizes());
+  TORCH_CHECK(anc_points.dim() == 2 && anc_points.size(0) == A && anc_points.size(1) == 2,
+              "tal_assign: anc_points must be (A, 2) = (", A, ", 2), got ", anc_points.sizes());
+  TORCH_CHECK(gt_bboxes.dim() == 3 && gt_bboxes.size(0) == B && gt_bboxes.size(2) == 4,
+              "tal_assign: gt_bboxes must be (B, M, 4) with B = ", B, ", got ", gt_bboxes.sizes());
+  const int64_t M = gt_bboxes.size(1);
+  TORCH_CHECK(gt_labels.numel() == B * M && (gt_labels.dim() < 1 || gt_labels.size(0) == B),
+              "tal_assign: gt_labels must be (B, M, 1) = (", B, ", ", M, ", 1), got ", gt_labels.sizes());
+  TORCH_CHECK(mask_gt.numel() == B * M && (mask_gt.dim() < 1 || mask_gt.size(0) == B),
+              "tal_assign: mask_gt must be (B, M, 1) = (", B, ", ", M, ", 1), got ", mask_gt.sizes());
+  TORCH_CHECK(topk >= 0, "tal_assign: topk must be >= 0, got ", topk);
+  TORCH_CHECK(A < std::numeric_limits<int32_t>::max() && M < std::numeric_limits<int32_t>::max(),
+              "tal_assign: A and M must be below 2^31, got A = ", A, ", M = ", M);
+  TORCH_CHECK(B <= 65535, "tal_assign (CUDA): the batch must be <= 65535 images (one grid row each), got ", B);
+  TORCH_CHECK(at::isFloatingType(pd_scores.scalar_type()),
+              "tal_assign: pd_scores must be floating point (sigmoid scores), got ", pd_scores.scalar_type());
+}
+
+Outputs5 tal_assign_cuda(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
+                         const at::Tensor& gt_labels, const at::Tensor& gt_bboxes, const at::Tensor& mask_gt,
+                         int64_t topk, double alpha, double beta, double eps) {
+  tal_check_shapes(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk);
+  check_device(pd_scores,
+               {{"pd_bboxes", &pd_bboxes}, {"anc_points", &anc_points}, {"gt_labels", &gt_labels},
+                {"gt_bboxes", &gt_bboxes}, {"mask_gt", &mask_gt}},
+               "tal_assign");
+  const c10::cuda::CUDAGuard guard(pd_scores.device());
+  const int64_t B = pd_scores.size(0), A = pd_scores.size(1), C = pd_scores.size(2), M = gt_bboxes.size(1);
+  const auto opts = pd_scores.options();
+  if (M == 0 || B * A == 0) {  // no GT slot at all: everything is background of class C (DESIGN §2.1 step 6)
+    return {at::full({B, A}, C, opts.dtype(at::kLong)), at::zeros({B, A, 4}, gt_bboxes.options()),
+            at::zeros({B, A, C}, opts), at::zeros({B, A}, opts.dtype(at::kBool)),
+            at::zeros({B, A}, opts.dtype(at::kLong))};
+  }
+  TORCH_CHECK(C > 0, "tal_assign: pd_scores has no classes (C = 0)");
+  const int64_t k = std::min<int64_t>(topk, A);
+  TORCH_CHECK(k <= kTalMaxTopk, "tal_assign (CUDA): topk must be <= ", kTalMaxTopk,
+              " (the per-GT top-k lives in shared memory), got ", topk);
+  // float64 when any of scores / pred boxes / GT boxes is float64, else float32 (bf16/fp16 upcast)
+  const bool f64 = pd_scores.scalar_type() == at::kDouble || pd_bboxes.scalar_type() == at::kDouble ||
+                   gt_bboxes.scalar_type() == at::kDouble;
+  const auto ct = f64 ? at::kDouble : at::kFloat;
+  const at::Tensor scores = pd_scores.to(ct).contiguous();
+  const at::Tensor pbox = pd_bboxes.to(ct).contiguous();
+  const at::Tensor anc = anc_points.to(ct).contiguous();
+  const at::Tensor gt = gt_bboxes.to(ct).contiguous();
+  const at::Tensor labels = gt_labels.reshape({B, M}).to(at::kLong).contiguous();
+  const at::Tensor real = (mask_gt.reshape({B, M}) > 0).contiguous();
+
+  at::Tensor o_lab = at::empty({B, A}, opts.dtype(at::kLong));
+  at::Tensor o_box = at::empty({B, A, 4}, opts.dtype(ct));
+  at::Tensor o_sc = at::empty({B, A, C}, opts.dtype(ct));
+  at::Tensor o_fg = at::empty({B, A}, opts.dtype(at::kBool));
+  at::Tensor o_idx = at::empty({B, A}, opts.dtype(at::kLong));
+  if (poison_outputs())
+    for (at::Tensor* t : {&o_lab, &o_box, &o_sc, &o_fg, &o_idx}) poison(*t);
+
+  TalShape shape{B, A, C, M, k, alpha, beta, eps};
+  at::Tensor ws = at::empty({static_cast<int64_t>(tal_assign_workspace_bytes(shape, f64))}, opts.dtype(at::kByte));
+  TalArgs args{scores.const_data_ptr(), pbox.const_data_ptr(), anc.const_data_ptr(),
+               labels.const_data_ptr<int64_t>(), gt.const_data_ptr(), real.const_data_ptr<bool>(),
+               o_lab.mutable_data_ptr<int64_t>(), o_box.mutable_data_ptr(), o_sc.mutable_data_ptr(),
+               o_fg.mutable_data_ptr<bool>(), o_idx.mutable_data_ptr<int64_t>(), ws.mutable_data_ptr()};
+  check_launch(tal_assign_launch(shape, args, f64, c10::cuda::getCurrentCUDAStream().stream()), "tal_assign");
+  // Casting back is exact for the boxes (they came from gt_bboxes) and rounds the scores once, like the
+  // reference's final .to(pd_scores.dtype).
+  return {o_lab, o_box.to(gt_bboxes.scalar_type()), o_sc.to(pd_scores.scalar_type()), o_fg, o_idx};
+}
+
+// ------------------------------------------------------------------------------------------- bbox_loss
+Outputs5 bbox_loss_cuda(const at::Tensor& pred_dist, const at::Tensor& pred_scores, const at::Tensor& anchor_points,
+                        const at::Tensor& target_bboxes, const at::Tensor& target_scores, const at::Tensor& fg_mask) {
+  TORCH_CHECK(pred_dist.dim() == 3 && pred_dist.size(2) % 4 == 0,
+              "yolofast::bbox_loss: pred_dist must be (B, A, 4*reg_max), got ", pred_dist.sizes());
+  const int64_t B = pred_dist.size(0), A = pred_dist.size(1), R4 = pred_dist.size(2), R = R4 / 4;
+  TORCH_CHECK(R >= 2 && R <= kBboxMaxRegMax, "yolofast::bbox_loss: reg_max must be in [2, ", kBboxMaxRegMax,
+              "], got ", R);
+  TORCH_CHECK(pred_scores.dim() == 3 && pred_scores.size(0) == B && pred_scores.size(1) == A,
+              "yolofast::bbox_loss: pred_scores must be (B, A, C) = (", B, ", ", A, ", C), got ", pred_scores.sizes());
+  const int64_t C = pred_scores.size(2);
+  TORCH_CHECK(anchor_points.dim() == 2 && anchor_points.size(0) == A && anchor_points.size(1) == 2,
+              "yolofast::bbox_loss: anchor_points must be (A, 2) = (", A, ", 2), got ", anchor_points.sizes());
+  TORCH_CHECK(target_bboxes.dim() == 3 && target_bboxes.size(0) == B && target_bboxes.size(1) == A &&
+                  target_bboxes.size(2) == 4,
+              "yolofast::bbox_loss: target_bboxes must be (B, A, 4), got ", target_bboxes.sizes());
+  TORCH_CHECK(target_scores.sizes() == pred_scores.sizes(), "yolofast::bbox_loss: target_scores ",
+              target_scores.sizes(), " must have pred_scores' shape ", pred_scores.sizes());
+  TORCH_CHECK(fg_mask.dim() == 2 && fg_mask.size(0) == B && fg_mask.size(1) == A,
+              "yolofast::bbox_loss: fg_mask must be (B, A), got ", fg_mask.sizes());
+  TORCH_CHECK(pred_dist.is_floating_point() && pred_scores.is_floating_point(),
+              "yolofast::bbox_loss: pred_dist and pred_scores must be floating point");
+  check_device(pred_dist,
+               {{"pred_scores", &pred_scores}, {"anchor_points", &anchor_points}, {"target_bboxes", &target_bboxes},
+                {"target_scores", &target_scores}, {"fg_mask", &fg_mask}},
+               "yolofast::bbox_loss");
+  const c10::cuda::CUDAGuard guard(pred_dist.device());
+
+  const bool f64 = pred_dist.scalar_type() == at::kDouble || pred_scores.scalar_type() == at::kDouble;
+  const auto ct = f64 ? at::kDouble : at::kFloat;
+  const auto pd = pred_dist.to(ct).contiguous();
+  const auto ps = pred_scores.to(ct).contiguous();
+  const auto anc = anchor_points.to(ct).contiguous();
+  const auto tb = target_bboxes.to(ct).contiguous();
+  const auto ts = target_scores.to(ct).contiguous();
+  const auto fg = fg_mask.to(at::kBool).contiguous();
+  const auto opt = pd.options();
+  at::Tensor losses = at::empty({3}, opt);
+  at::Tensor gbox = at::empty({B, A, R4}, opt);
+  at::Tensor gdfl = at::empty({B, A, R4}, opt);
+  at::Tensor gcls = at::empty({B, A, C}, opt);
+  at::Tensor inv_s = at::empty({}, opt);
+  if (poison_outputs())
+    for (at::Tensor* t : {&losses, &gbox, &gdfl, &gcls, &inv_s}) poison(*t);
+
+  const BboxShape shape{B, A, C, R};
+  at::Tensor ws = at::empty({static_cast<int64_t>(bbox_loss_workspace_bytes(shape))}, opt.dtype(at::kByte));
+  const BboxArgs args{pd.const_data_ptr(), ps.const_data_ptr(), anc.const_data_ptr(), tb.const_data_ptr(),
+                      ts.const_data_ptr(), fg.const_data_ptr<bool>(), losses.mutable_data_ptr(),
+                      gbox.mutable_data_ptr(), gdfl.mutable_data_ptr(), gcls.mutable_data_ptr(),
+                      inv_s.mutable_data_ptr(), ws.mutable_data_ptr()};
+  check_launch(bbox_loss_launch(shape, args, f64, c10::cuda::getCurrentCUDAStream().stream()), "bbox_loss");
+  return {losses, gbox, gdfl, gcls, inv_s};
+}
+
+// ------------------------------------------------------------------------------------------ ema_update
+EmaType ema_type(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+      return EmaType::kFloat;
+    case at::kDouble:
+      return EmaType::kDouble;
+    case at::kHalf:
+      return EmaType::kHalf;
+    case at::kBFloat16:
+      return EmaType::kBFloat16;
+    default:
+      TORCH_CHECK(false, "yolofast::ema_update: ema must be float32/float64/float16/bfloat16, got ", t);
+  }
+}
+
+void ema_update_cuda(const at::Tensor& ema, const at::Tensor& model, const at::Tensor& decay) {
+  TORCH_CHECK(ema.is_floating_point(), "yolofast::ema_update: ema must be floating point, got ", ema.scalar_type());
+  TORCH_CHECK(model.is_floating_point(), "yolofast::ema_update: model must be floating point, got ",
+              model.scalar_type());
+  TORCH_CHECK(ema.sizes() == model.sizes(), "yolofast::ema_update: ema ", ema.sizes(), " and model ", model.sizes(),
+              " differ in shape");
+  TORCH_CHECK(ema.is_contiguous(), "yolofast::ema_update: ema must be contiguous (it is updated in place; "
+              "keep the EMA state in one flat buffer)");
+  TORCH_CHECK(decay.numel() == 1, "yolofast::ema_update: decay must hold one value, got shape ", decay.sizes());
+  check_device(ema, {{"model", &model}}, "yolofast::ema_update");
+  TORCH_CHECK(decay.is_cpu() || decay.device() == ema.device(), "yolofast::ema_update: decay is on ", decay.device(),
+              " but ema on ", ema.device(), "; keep the decay on ema's device (or pass a float)");
+  const c10::cuda::CUDAGuard guard(ema.device());
+
+  const EmaType et = ema_type(ema.scalar_type());
+  const at::ScalarType op_type = ema.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  // A model in another dtype is read at the compute precision (as the reference's model.to(...)).
+  const at::Tensor m = model.scalar_type() == ema.scalar_type() ? model.contiguous() : model.to(op_type).contiguous();
+
+  EmaArgs args{};
+  args.ema = ema.mutable_data_ptr();
+  args.model = m.const_data_ptr();
+  args.n = ema.numel();
+  args.ema_type = et;
+  args.model_type = ema_type(m.scalar_type());
+  at::Tensor w_dev;  // kept alive until the kernel is enqueued
+  const at::ScalarType dt = decay.scalar_type();
+  if (decay.is_cuda()) {  // read by the kernel: no host sync, capturable in a CUDA graph
+    if (dt == at::kFloat || dt == at::kDouble) {
+      args.weight_kind = dt == at::kFloat ? EmaWeight::kDecayF32 : EmaWeight::kDecayF64;
+      w_dev = decay.contiguous();
+    } else {  // 1 - d formed in the decay's own (low) precision, as the reference does
+      args.weight_kind = EmaWeight::kWeightF64;
+      w_dev = at::rsub(decay, 1).to(at::kDouble).contiguous();
+    }
+    args.weight_ptr = w_dev.const_data_ptr();
+  } else {  // a CPU scalar: reading it costs no sync
+    args.weight_kind = EmaWeight::kHost;
+    if (dt == at::kFloat) args.w_host = static_cast<double>(1.0f - decay.item<float>());
+    else if (dt == at::kDouble) args.w_host = 1.0 - decay.item<double>();
+    else args.w_host = at::rsub(decay, 1).item<double>();
+  }
+  check_launch(ema_update_launch(args, c10::cuda::getCurrentCUDAStream().stream()), "ema_update");
+}
+
+}  // namespace
+}  // namespace cuda
+}  // namespace yolofast
+
+TORCH_LIBRARY_IMPL(yolofast, CUDA, m) {
+  m.impl("tal_assign", &yolofast::cuda::tal_assign_cuda);
+  m.impl("bbox_loss", &yolofast::cuda::bbox_loss_cuda);
+  m.impl("ema_update", &yolofast::cuda::ema_update_cuda);
+}

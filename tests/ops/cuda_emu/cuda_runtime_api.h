@@ -1,0 +1,3 @@
+// CPU emulation: see cuda_runtime.h in this directory.
+#pragma once
+#include "cuda_runtime.h"
