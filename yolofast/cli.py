@@ -1,0 +1,243 @@
+"""``yolofast train|val|info|build|bench`` (also ``python -m yolofast ...``), Ultralytics' key=value style.
+
+    yolofast train                                  # built-in shapes data, quick-start recipe
+    yolofast train data=coco128.yaml epochs=10 imgsz=320 batch=8
+    yolofast train --help                           # every key with its default
+    yolofast val model=runs/train/train/weights/best.pt data=shapes imgsz=256
+    yolofast info                                   # versions, devices, threads, backend per op and why
+    yolofast build                                  # build the C++/CUDA kernels now, and report
+
+Bad keys, values or data print one line ``yolofast: error: ...`` and exit with code 2.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from pathlib import Path
+
+import yaml
+
+from yolofast.cfg import DEFAULT_CFG_PATH, DEFAULTS, QUICKSTART, CfgError, check_keys
+
+__all__ = ["main", "parse_args"]
+
+USAGE = """usage: yolofast <command> [key=value ...]
+
+commands:
+  train   train a detector (no arguments: the built-in shapes data with the quick-start recipe)
+  val     validate a checkpoint: yolofast val model=path/best.pt [data=...] [imgsz=...]
+  info    versions, devices, threads and which kernel backend runs each op (and why)
+  build   build (or load from cache) the C++/CUDA kernels and report (--cuda: also without a GPU)
+  bench   kernel and train-step benchmarks against the references (`yolofast bench --help`)
+
+`yolofast train --help` lists every key with its default."""
+
+_VAL_KEYS = ("model", "data", "imgsz", "batch", "conf", "iou", "max_det", "device", "workers", "half",
+             "verbose", "split")
+_SHAPES = ("shapes", "shapes.yaml")
+
+
+class UsageError(ValueError):
+    pass
+
+
+def _parse_value(v: str):
+    """'10' -> 10, '0.5' -> 0.5, 'True' -> True, 'None' -> None, '[1,2]' -> list; anything else a string."""
+    if v.lower() in ("none", "null", ""):
+        return None
+    for cast in (int, float):  # before YAML: PyYAML reads "1e-3" as a string
+        try:
+            return cast(v)
+        except ValueError:
+            pass
+    try:
+        out = yaml.safe_load(v)
+    except yaml.YAMLError:
+        return v
+    return out if isinstance(out, (int, float, bool, list, dict)) else v
+
+
+def parse_args(argv) -> dict:
+    """['epochs=3', 'imgsz=128'] -> {'epochs': 3, 'imgsz': 128}; 'key value' pairs are not accepted."""
+    out = {}
+    for a in argv:
+        if "=" not in a or a.startswith("="):
+            raise UsageError(f"argument '{a}' is not key=value (e.g. epochs=10); `yolofast train --help` "
+                             "lists the keys")
+        k, v = a.split("=", 1)
+        k = k.strip().lstrip("-").replace("-", "_")
+        if k in out:
+            raise UsageError(f"'{k}' is given twice")
+        out[k] = _parse_value(v.strip())
+    return out
+
+
+def _help_train() -> str:
+    """Every key with its default and the comment of default.yaml, plus the shapes quick-start values."""
+    lines = ["usage: yolofast train [key=value ...]", "", "keys (default):"]
+    comments = {}
+    for line in DEFAULT_CFG_PATH.read_text(encoding="utf-8").splitlines():
+        if line and not line.startswith("#") and ":" in line:
+            k, rest = line.split(":", 1)
+            comments[k.strip()] = rest.split("#", 1)[1].strip() if "#" in rest else ""
+    for k, v in DEFAULTS.items():
+        lines.append(f"  {k + '=' + str(v):<28} {comments.get(k, '')}")
+    qs = " ".join(f"{k}={v}" for k, v in QUICKSTART.items())
+    lines += ["", f"With data=shapes (the default) keys not given take the quick-start values: {qs}",
+              "(sized to finish within minutes on a 2-core CPU; Trainer(...) in Python keeps the defaults "
+              "above)."]
+    return "\n".join(lines)
+
+
+def _is_shapes(data) -> bool:
+    return isinstance(data, str) and data in _SHAPES and not Path(data).exists()
+
+
+def cmd_train(argv) -> int:
+    if any(a in ("-h", "--help", "help") for a in argv):
+        print(_help_train())
+        return 0
+    args = parse_args(argv)
+    check_keys(args)
+    if _is_shapes(args.get("data", DEFAULTS["data"])) and not args.get("resume"):
+        args = {**QUICKSTART, **args}
+    from yolofast.engine.trainer import Trainer
+
+    trainer = Trainer(**args)
+    metrics = trainer.train()
+    print(f"\nmAP50 {metrics.get('metrics/mAP50(B)', float('nan')):.4f}  mAP50-95 "
+          f"{metrics.get('metrics/mAP50-95(B)', float('nan')):.4f}  ->  results in {trainer.save_dir}")
+    return 0
+
+
+def cmd_val(argv) -> int:
+    if any(a in ("-h", "--help", "help") for a in argv):
+        print("usage: yolofast val model=path/best.pt [data=...] [imgsz=...] [batch=16] [conf=0.001] "
+              "[iou=0.7] [max_det=300] [device=...] [workers=0] [half=False]\n"
+              "data and imgsz default to the ones the checkpoint was trained with.")
+        return 0
+    args = parse_args(argv)
+    bad = [k for k in args if k not in _VAL_KEYS]
+    if bad:
+        import difflib
+
+        near = difflib.get_close_matches(bad[0], _VAL_KEYS, n=2, cutoff=0.5)
+        hint = f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
+        raise UsageError(f"'{bad[0]}' is not a val key{hint} (keys: {', '.join(_VAL_KEYS)})")
+    if "model" not in args:
+        raise UsageError("yolofast val needs model=path/to/weights.pt")
+    path = Path(str(args["model"]))
+    if not path.is_file():
+        raise UsageError(f"model='{path}' not found")
+    from yolofast.engine.checkpoint import load_checkpoint
+    from yolofast.val import validate
+
+    ckpt = load_checkpoint(path)
+    train_args = ckpt.get("train_args") or {}
+    data = args.pop("data", None) or train_args.get("data")
+    if data is None:
+        raise UsageError(f"'{path}' does not record its data; pass data=...")
+    args.setdefault("imgsz", train_args.get("imgsz", 640))
+    args.pop("split", None)
+    args.pop("model")
+    from yolofast.engine.trainer import select_device
+
+    args["device"] = select_device(args.get("device"))
+    metrics = validate(ckpt, data, **args)
+    print(" ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, float)))
+    return 0
+
+
+def cmd_info(argv) -> int:
+    import torch
+
+    from yolofast import __version__
+    from yolofast.ops import _backend
+
+    try:
+        import triton
+
+        triton_v = triton.__version__
+    except ImportError:
+        triton_v = "not installed"
+    print(f"yolofast {__version__}  python {platform.python_version()}  torch {torch.__version__}  "
+          f"triton {triton_v}")
+    print(f"platform {platform.platform()}  cpu threads {torch.get_num_threads()} (os.cpu_count "
+          f"{os.cpu_count()})")
+    devices = ["cpu"]
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            print(f"cuda:{i} {p.name}, {p.total_memory / 2**30:.1f} GiB, capability {p.major}.{p.minor} "
+                  f"(CUDA {torch.version.cuda})")
+        devices.append("cuda")
+    else:
+        built = f"with CUDA {torch.version.cuda}" if torch.version.cuda else "for CPU only"
+        print(f"cuda: not available (torch built {built})")
+    env = {k: v for k, v in os.environ.items() if k.startswith("YOLOFAST_BACKEND")}
+    if env:
+        print("forced: " + ", ".join(f"{k}={v}" for k, v in sorted(env.items())))
+    for dev in devices:
+        print(f"\nbackends on {dev}:")
+        for op, chosen, why in _backend.describe(dev):
+            print(f"  {op:<12} {chosen:<7} {why}")
+    return 0
+
+
+def cmd_build(argv) -> int:
+    try:
+        from yolofast.ops._build import build
+    except ImportError:
+        print("yolofast build: kernel building is not available in this version")
+        return 1
+    unknown = [a for a in argv if a not in ("--cuda", "--no-cuda", "cuda=True", "cuda=False")]
+    if unknown:
+        raise UsageError(f"yolofast build: unknown argument '{unknown[0]}' (options: --cuda, --no-cuda)")
+    cuda = None  # None: CUDA kernels only when a GPU is visible
+    if {"--cuda", "cuda=True"} & set(argv):
+        cuda = True
+    elif {"--no-cuda", "cuda=False"} & set(argv):
+        cuda = False
+    report = build(verbose=True, cuda=cuda)
+    print(report)
+    return 0 if getattr(report, "ok", True) else 1
+
+
+def cmd_bench(argv) -> int:
+    try:  # the benchmark runner lives in yolofast/bench (its own argparse options: --help lists them)
+        from yolofast.bench.cli import bench_main
+    except ImportError:
+        print("yolofast bench: not available in this version (benchmarks/ has the pytest-benchmark suites)")
+        return 1
+    return bench_main(argv)
+
+
+COMMANDS = {"train": cmd_train, "val": cmd_val, "info": cmd_info, "build": cmd_build, "bench": cmd_bench}
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0
+    if argv[0] in ("-V", "--version", "version"):
+        from yolofast import __version__
+
+        print(__version__)
+        return 0
+    cmd, rest = argv[0], argv[1:]
+    if cmd not in COMMANDS:
+        print(f"yolofast: error: unknown command '{cmd}'\n\n{USAGE}", file=sys.stderr)
+        return 2
+    from yolofast.data import DataError
+
+    try:
+        return COMMANDS[cmd](rest)
+    except (CfgError, UsageError, DataError, FileNotFoundError) as e:
+        print(f"yolofast: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\nyolofast: interrupted", file=sys.stderr)
+        return 130

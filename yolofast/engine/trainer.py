@@ -1,0 +1,670 @@
+"""The training loop (DESIGN §4): ``Trainer(model="yolov8n", data="coco128.yaml", epochs=100).train()``.
+
+Every recipe key is one of ``yolofast.cfg.DEFAULTS`` (Ultralytics' names and defaults); ``train()`` returns
+the final metrics dict (``metrics/mAP50-95(B)``, ``fitness``, ...) and writes ``project/name/`` with
+``weights/last.pt``, ``weights/best.pt``, ``results.csv``, ``results.png`` and ``args.yaml``.
+
+Reading order: ``train`` -> ``_setup_train`` (build everything) -> ``_do_train`` (THE loop, top to bottom)
+-> ``validate`` / ``save_model`` / ``save_metrics`` (what happens at the end of an epoch).
+
+Extending
+---------
+Callbacks: ``trainer.add_callback("on_fit_epoch_end", fn)``; ``fn(trainer)`` sees ``trainer.epoch``,
+``trainer.tloss``, ``trainer.metrics``, ``trainer.model``, ... (events: ``yolofast.engine.callbacks``).
+
+Subclassing: override any of these hooks and pass the class to ``YOLO(...).train(trainer=MyTrainer)``
+or instantiate it directly:
+
+* ``get_model(cfg, weights=None)``  -> nn.Module (train mode returns the raw maps; needs ``nc``, ``stride``,
+  ``reg_max``, ``forward_feats`` and ``decode`` for validation);
+* ``get_dataloader(img_path, batch_size, mode="train"|"val")`` -> an iterable of batches (yolofast format);
+* ``get_loss(model)`` -> ``loss(feats, batch) -> (total, items[box, cls, dfl])``, e.g. another cls loss;
+* ``get_validator()`` -> ``validator(model) -> dict`` with ``fitness`` (e.g. a different metric).
+
+    class FocalTrainer(Trainer):
+        def get_loss(self, model):
+            return MyFocalLoss(model.nc)
+
+    YOLO("yolov8n").train(data="shapes", epochs=10, trainer=FocalTrainer)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import math
+import os
+import random
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+from torch import nn
+from tqdm import tqdm
+
+from yolofast.cfg import CfgError, get_cfg
+from yolofast.engine import checkpoint as ckpt_io
+from yolofast.engine import optim
+from yolofast.engine.callbacks import Callbacks
+from yolofast.engine.distributed import (
+    get_rank,
+    get_world_size,
+    init_distributed,
+    is_main_process,
+    unwrap_model,
+)
+
+__all__ = ["Trainer", "RESULTS_COLUMNS", "select_device", "increment_path", "init_seeds"]
+
+# results.csv columns: Ultralytics' names, so the tools that read its runs keep working.
+RESULTS_COLUMNS = (
+    "epoch", "time", "train/box_loss", "train/cls_loss", "train/dfl_loss", "metrics/precision(B)",
+    "metrics/recall(B)", "metrics/mAP50(B)", "metrics/mAP50-95(B)", "val/box_loss", "val/cls_loss",
+    "val/dfl_loss", "lr/pg0", "lr/pg1", "lr/pg2",
+)
+_METRIC_KEYS = RESULTS_COLUMNS[5:12]
+# On resume the run continues with the checkpoint's recipe; only these may change (they leave the math alone).
+_RESUME_OVERRIDABLE = ("device", "workers", "verbose", "plots", "time", "save_period", "exist_ok")
+
+
+def select_device(device=None) -> torch.device:
+    """None -> cuda:0 if available else cpu; "cpu", 0, "0", "cuda", "cuda:1" (Ultralytics' forms)."""
+    if isinstance(device, torch.device):
+        return device
+    if device is None or str(device).strip() == "":
+        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    s = str(device).strip().lower()
+    if s.replace(",", "").isdigit():
+        if "," in s:
+            raise CfgError(f"device={device!r}: several GPUs need torchrun (one process per GPU); pass one")
+        s = f"cuda:{s}"
+    try:
+        dev = torch.device(s)
+    except RuntimeError as e:
+        raise CfgError(f"device={device!r} is not a device; use cpu, 0, cuda or cuda:N") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise CfgError(f"device={device!r} asks for CUDA but torch.cuda.is_available() is False "
+                       f"(torch {torch.__version__}); use device=cpu")
+    if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
+        raise CfgError(f"device={device!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
+    return dev
+
+
+def increment_path(path: str | Path, exist_ok: bool = False) -> Path:
+    """runs/train/train -> train2, train3, ... unless ``exist_ok`` or the folder does not exist yet."""
+    path = Path(path)
+    if exist_ok or not path.exists():
+        return path
+    n = 2
+    while (p := path.with_name(f"{path.name}{n}")).exists():
+        n += 1
+    return p
+
+
+def init_seeds(seed: int = 0, deterministic: bool = True) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+    if deterministic:
+        # cuBLAS needs a fixed workspace to be deterministic (CUDA >= 10.2); warn_only: a few CUDA ops
+        # (e.g. index_put backward) have no deterministic kernel and would otherwise raise.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+
+
+def _memory_gb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.memory_reserved(device) / 1e9
+    try:  # resident set size of this process
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e9
+    except (OSError, ValueError):
+        return 0.0
+
+
+class _ValBatchEvents:
+    """Wraps a validation loader so ``on_val_batch_start/end`` fire around every batch the validator runs."""
+
+    def __init__(self, loader, fire):
+        self.loader, self.fire = loader, fire
+
+    def __len__(self):
+        return len(self.loader)
+
+    def __getattr__(self, name):  # dataset, batch_size, ... of the wrapped loader
+        return getattr(self.loader, name)
+
+    def __iter__(self):
+        for batch in self.loader:
+            self.fire("on_val_batch_start")
+            yield batch
+            self.fire("on_val_batch_end")
+
+
+class Trainer:
+    """Trains a YOLOv8-style detector. ``Trainer(overrides=None, **recipe)``; see the module docstring.
+
+    ``model``: "yolov8n" (any scale), a model yaml/dict, a yolofast checkpoint path (its weights are the
+    start) or an ``nn.Module``; ``data``: a data yaml, a dict or "shapes". Unknown keys and bad data fail
+    here, before anything is built. ``resume=True`` (latest last.pt under ``project``) or
+    ``resume="path/last.pt"`` continues that run with its own recipe.
+    """
+
+    def __init__(self, overrides: dict | None = None, _callbacks: Callbacks | None = None, **kwargs):
+        overrides = {**(overrides or {}), **kwargs}
+        self._model_obj = overrides.get("model") if isinstance(overrides.get("model"), nn.Module) else None
+        if self._model_obj is not None:
+            overrides["model"] = type(self._model_obj).__name__
+        if isinstance(overrides.get("data"), Path):
+            overrides["data"] = str(overrides["data"])
+        self.args = get_cfg(**overrides)
+        self.callbacks = _callbacks or Callbacks()
+
+        self.resume_ckpt = None
+        if self.args.resume:
+            self._load_resume_args(overrides)
+        self.device = select_device(self.args.device)
+        self.rank, self.world_size = get_rank(), get_world_size()
+
+        from yolofast.data import check_data
+
+        self.data = check_data(self.args.data)  # fails fast (DataError) on a wrong yaml
+        if self.args.split not in self.data:
+            raise CfgError(f"split={self.args.split!r} but the data has no such split "
+                           f"(it has {', '.join(k for k in ('train', 'val', 'test') if k in self.data)})")
+        if self.args.imgsz % 32:
+            new = int(math.ceil(self.args.imgsz / 32) * 32)
+            warnings.warn(f"imgsz={self.args.imgsz} is not a multiple of the max stride 32; using {new}",
+                          stacklevel=2)
+            self.args.imgsz = new
+        if self.args.batch < 1:
+            raise CfgError(f"batch={self.args.batch}: must be >= 1 (AutoBatch, batch=-1, is not implemented)")
+        if self.resume_ckpt is not None:
+            self.save_dir = Path(self.resume_ckpt).parent.parent
+        else:
+            self.save_dir = increment_path(Path(self.args.project) / (self.args.name or "train"),
+                                           self.args.exist_ok)
+        self.args.name = self.save_dir.name
+        self.wdir = self.save_dir / "weights"
+        self.last, self.best = self.wdir / "last.pt", self.wdir / "best.pt"
+        self.csv = self.save_dir / "results.csv"
+
+        self.epochs = self.args.epochs
+        self.start_epoch = 0
+        self.epoch = 0
+        self.best_fitness = None
+        self.best_epoch = -1
+        self.fitness = None
+        self.metrics: dict = {}
+        self.tloss = None
+        self.stop = False
+        self.train_time = 0.0  # seconds, carried across resumes for results.csv's `time`
+
+    # ------------------------------------------------------------------ public API
+    def add_callback(self, event: str, fn) -> None:
+        """Append ``fn(trainer)`` to ``event`` (an unknown event name is a ValueError)."""
+        self.callbacks.add(event, fn)
+
+    def set_callback(self, event: str, fn) -> None:
+        self.callbacks.set(event, [fn])
+
+    def run_callbacks(self, event: str) -> None:
+        self.callbacks.run(event, self)
+
+    def train(self) -> dict:
+        """Run the whole training; returns the final metrics (of best.pt when it was written)."""
+        self.run_callbacks("on_pretrain_routine_start")
+        self._setup_train()
+        self.run_callbacks("on_pretrain_routine_end")
+        try:
+            self._do_train()
+        finally:
+            self.run_callbacks("teardown")
+        return self.metrics
+
+    # ------------------------------------------------------------------ hooks for subclasses
+    def get_model(self, cfg=None, weights=None) -> nn.Module:
+        """The model to train: an nn.Module as given, a yolofast checkpoint's weights, or a fresh build."""
+        from yolofast.nn import build_model
+
+        nc, names = self.data["nc"], self.data["names"]
+        if isinstance(cfg, nn.Module):
+            model = cfg
+            if getattr(model, "nc", nc) != nc:
+                raise CfgError(f"the given model predicts {model.nc} classes but data '{self.args.data}' has "
+                               f"nc={nc}; build it with build_model(cfg, nc={nc})")
+        elif isinstance(cfg, (str, Path)) and str(cfg).endswith(".pt"):
+            if not Path(cfg).is_file():
+                raise CfgError(f"model={cfg!r}: checkpoint not found (yolofast downloads no weights; use "
+                               f"'yolov8n' to train from scratch or a path to a yolofast .pt)")
+            src = ckpt_io.load_checkpoint(cfg)
+            src = (src["ema"] if src.get("ema") is not None else src["model"]).float()
+            if getattr(src, "nc", None) == nc:
+                model = src
+            else:  # other classes: same architecture, copy every tensor whose shape still matches
+                model = build_model(getattr(src, "yaml", "yolov8n"), nc=nc)
+                own = model.state_dict()
+                same = {k: v for k, v in src.state_dict().items() if k in own and own[k].shape == v.shape}
+                model.load_state_dict(same, strict=False)
+                self.log(f"Transferred {len(same)}/{len(own)} tensors from {cfg}")
+        else:
+            model = build_model(cfg, nc=nc, verbose=self.args.verbose and is_main_process())
+        if weights is not None:
+            model.load_state_dict(weights.state_dict() if isinstance(weights, nn.Module) else weights)
+        model.names = names
+        for p in model.parameters():
+            p.requires_grad_(True)
+        return model
+
+    def get_dataloader(self, img_path, batch_size: int = 16, mode: str = "train"):
+        """A data loader over ``img_path``: augmented and shuffled for "train", plain for "val"."""
+        from yolofast.data import build_dataloader, build_dataset
+
+        a = self.args
+        hyp = {k: getattr(a, k) for k in ("hsv_h", "hsv_s", "hsv_v", "degrees", "translate", "scale", "shear",
+                                           "perspective", "flipud", "fliplr", "mosaic", "mixup")}
+        train = mode == "train"
+        stride = max(int(unwrap_model(self.model).stride.max()), 32) if hasattr(self, "model") else 32
+        dataset = build_dataset(img_path, imgsz=a.imgsz, augment=train, hyp=hyp, stride=stride, cache=a.cache,
+                                prefix=f"{mode}: ", nc=self.data["nc"])
+        return build_dataloader(dataset, batch_size, a.workers, shuffle=train, rank=self.rank, seed=a.seed)
+
+    def get_loss(self, model: nn.Module):
+        """``loss(feats, batch) -> (total, items)``: DetectionLoss with the recipe's box/cls/dfl gains."""
+        from yolofast.loss import DetectionLoss
+
+        m = unwrap_model(model)
+        strides = tuple(float(s) for s in m.stride)
+        loss = DetectionLoss(m.nc, reg_max=getattr(m, "reg_max", 16), strides=strides, box=self.args.box,
+                             cls=self.args.cls, dfl=self.args.dfl)
+        return loss.to(self.device) if isinstance(loss, nn.Module) else loss
+
+    def get_validator(self):
+        """``validator(model) -> metrics dict`` over the ``split`` data, with the validation loss."""
+        from yolofast.val import Validator
+
+        return Validator(self.val_loader, self.data["names"], conf=self.args.conf, iou=self.args.iou,
+                         max_det=self.args.max_det, loss=self.criterion, device=self.device,
+                         half=self.amp_dtype is not None, progress=self.args.verbose and is_main_process())
+
+    # ------------------------------------------------------------------ setup
+    def log(self, msg: str) -> None:
+        if self.args.verbose and is_main_process():
+            tqdm.write(msg)
+
+    def _load_resume_args(self, overrides: dict) -> None:
+        r = self.args.resume
+        path = ckpt_io.find_last_checkpoint(self.args.project) if r is True else Path(str(r))
+        ckpt = ckpt_io.load_checkpoint(path)
+        args = dict(ckpt["train_args"])
+        if ckpt["epoch"] + 1 >= args["epochs"]:
+            raise CfgError(f"resume: '{path}' finished all {args['epochs']} epochs already; nothing to "
+                           f"resume (start a new run with model={path})")
+        for k in _RESUME_OVERRIDABLE:
+            if k in overrides:
+                args[k] = overrides[k]
+        args["resume"] = str(path)
+        self.args = get_cfg(**args)
+        self.resume_ckpt = str(path)
+        self._resume_state = ckpt
+
+    def _setup_amp(self) -> None:
+        """bf16 autocast where supported (no scaler), fp16 + GradScaler on older GPUs, fp32 when off.
+
+        On CPU amp stays off unless amp="bf16": CPU autocast is slower than fp32 on most CPUs.
+        """
+        a, dev = self.args.amp, self.device.type
+        want = str(a).lower() if not isinstance(a, bool) else ("auto" if a else "off")
+        if want not in ("auto", "off", "bf16", "fp16", "true", "false"):
+            raise CfgError(f"amp={a!r}: use True, False, 'bf16' or 'fp16'")
+        dtype = None
+        if dev == "cuda" and want in ("auto", "true"):
+            dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        elif want == "bf16":
+            dtype = torch.bfloat16
+        elif want == "fp16":
+            if dev != "cuda":
+                raise CfgError("amp='fp16' needs a CUDA device; on CPU use amp='bf16' or amp=False")
+            dtype = torch.float16
+        self.amp_dtype = dtype
+        self.scaler = torch.amp.GradScaler(dev, enabled=dtype is torch.float16)
+
+    def autocast(self):
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+
+    def _setup_train(self) -> None:
+        a = self.args
+        init_distributed(self.device)
+        init_seeds(a.seed + 1 + max(self.rank, 0), a.deterministic)
+        if is_main_process():
+            self.wdir.mkdir(parents=True, exist_ok=True)
+            with open(self.save_dir / "args.yaml", "w", encoding="utf-8") as f:
+                yaml.safe_dump({k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()}, f,
+                               sort_keys=False)
+
+        if self.resume_ckpt is not None:  # the run's own architecture; _restore loads its exact state
+            src = self._resume_state["model"]
+        else:
+            src = self._model_obj if self._model_obj is not None else a.model
+        self.model = self.get_model(src).to(self.device)
+        self._setup_amp()
+        # NHWC lets oneDNN/cuDNN pick their fast conv kernels (measured 1.3x on this CPU with bf16).
+        self.channels_last = self.device.type == "cuda" or self.amp_dtype is not None
+        if self.channels_last:
+            self.model.to(memory_format=torch.channels_last)
+        self.model.train()
+        self.criterion = self.get_loss(self.model)
+        self.train_model = self.model
+        if a.compile:
+            mode = a.compile if isinstance(a.compile, str) else None
+            self.train_model = torch.compile(self.model, mode=mode)
+
+        self.batch_size = max(a.batch // self.world_size, 1)
+        self.train_loader = self.get_dataloader(self.data["train"], self.batch_size, mode="train")
+        self.val_loader = self.get_dataloader(self.data[a.split], self.batch_size * 2, mode="val")
+        self.validator = self.get_validator()
+
+        from yolofast.engine.ema import ModelEMA
+
+        self.ema = ModelEMA(self.model)
+
+        nb = len(self.train_loader)
+        self.accumulate = optim.accumulate_steps(a.nbs, a.batch)
+        decay = optim.scaled_weight_decay(a.weight_decay, a.batch, self.accumulate, a.nbs)
+        # Optimizer steps of the run, for optimizer=auto: images / max(batch, nbs) per epoch.
+        iterations = math.ceil(len(self.train_loader.dataset) / max(a.batch, a.nbs)) * self.epochs
+        self.optimizer, name, lr, momentum = optim.build_optimizer(
+            self.model, a.optimizer, a.lr0, a.momentum, decay, iterations, nc=self.data["nc"])
+        if a.optimizer == "auto":
+            # The 0.1 bias warmup lr is sized for SGD lr 0.01; from an auto-chosen lr it would blow up biases.
+            self.warmup_bias_lr = 0.0
+            self.log(f"optimizer: 'optimizer=auto' -> {name}(lr={lr}, momentum={momentum}) "
+                     f"for {iterations} iterations")
+        else:
+            self.warmup_bias_lr = a.warmup_bias_lr
+        self.momentum = momentum
+        self.lf = optim.lr_lambda(self.epochs, a.lrf, a.cos_lr)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda=self.lf)
+        self.nb = nb
+        self.nw = optim.warmup_iters(a.warmup_epochs, self.epochs, nb)
+
+        if self.resume_ckpt is not None:
+            self._restore(self._resume_state)
+            del self._resume_state
+
+    def _rng_generators(self) -> dict:
+        """Loader-owned generators (shuffle order, worker seeds) that must resume where they stopped."""
+        gens = {}
+        loader = self.train_loader
+        if isinstance(getattr(loader, "generator", None), torch.Generator):
+            gens["loader"] = loader.generator
+        sampler = getattr(loader, "sampler", None)
+        if isinstance(getattr(sampler, "generator", None), torch.Generator):
+            gens["sampler"] = sampler.generator
+        return gens
+
+    def _rng_state(self) -> dict:
+        state = ckpt_io.rng_state(self._rng_generators())
+        # The dataset's own augmentation generator (in-process loading, workers=0). With workers > 0 each
+        # persistent worker holds its own copy, out of a checkpoint's reach: resume is exact for workers=0.
+        ds_rng = getattr(self.train_loader.dataset, "rng", None)
+        if isinstance(ds_rng, np.random.Generator):
+            state["dataset"] = ds_rng.bit_generator.state
+        return state
+
+    def _restore(self, ckpt: dict) -> None:
+        """Everything a resumed run needs to continue exactly as if it had never stopped."""
+        self.start_epoch = ckpt["epoch"] + 1
+        unwrap_model(self.model).load_state_dict(ckpt["model"].state_dict())
+        self.ema.load_state_dict({"ema": ckpt["ema"].state_dict(), "updates": ckpt["updates"]})
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.scaler.load_state_dict(ckpt["scaler"])
+        self.scheduler.load_state_dict(ckpt["scheduler"])
+        self.best_fitness, self.best_epoch = ckpt["best_fitness"], ckpt.get("best_epoch", -1)
+        self.metrics = ckpt.get("train_metrics") or {}
+        self.train_time = ckpt.get("train_time", 0.0)
+        if self.args.close_mosaic and self.start_epoch >= self.epochs - self.args.close_mosaic:
+            self._close_mosaic()
+        ckpt_io.set_rng_state(ckpt["rng"], self._rng_generators())
+        ds_rng = getattr(self.train_loader.dataset, "rng", None)
+        if isinstance(ds_rng, np.random.Generator) and "dataset" in ckpt["rng"]:
+            ds_rng.bit_generator.state = ckpt["rng"]["dataset"]
+        if self.csv.exists():  # drop rows of epochs the checkpoint does not hold (crash after the csv write)
+            with open(self.csv, newline="", encoding="utf-8") as f:
+                rows = [r for r in csv.DictReader(f) if int(float(r["epoch"])) <= self.start_epoch]
+            self.csv.unlink()
+            for r in rows:
+                self._write_csv_row(r)
+        self.log(f"Resuming {self.resume_ckpt} from epoch {self.start_epoch + 1} to {self.epochs}")
+
+    def _close_mosaic(self) -> None:
+        ds = getattr(self.train_loader, "dataset", None)
+        if hasattr(ds, "close_mosaic"):
+            ds.close_mosaic()
+
+    # ------------------------------------------------------------------ THE loop
+    def _do_train(self) -> None:
+        """DESIGN §4, in order. Per epoch: train mode, sampler epoch, close_mosaic; per batch: warmup,
+        autocast forward, fp32 loss, scaled backward, and every ``accumulate`` batches
+        unscale -> clip 10.0 -> step -> scaler update -> zero_grad -> EMA; then the scheduler, validation
+        of the EMA, results.csv, checkpoints, early stopping and the time limit."""
+        a, model, opt = self.args, self.model, self.optimizer
+        nb, nw = self.nb, self.nw
+        self.last_opt_step = self.start_epoch * nb - 1
+        t_start = time.time() - self.train_time
+        self.run_callbacks("on_train_start")
+        self.log(f"Image sizes {a.imgsz} train, {a.imgsz} val; {a.workers} dataloader workers; logging "
+                 f"results to {self.save_dir}\nStarting training for {self.epochs} epochs...")
+        opt.zero_grad(set_to_none=True)
+        epoch = self.start_epoch
+        for epoch in range(self.start_epoch, self.epochs):
+            self.epoch = epoch
+            model.train()
+            sampler = getattr(self.train_loader, "sampler", None)
+            if hasattr(sampler, "set_epoch"):
+                sampler.set_epoch(epoch)
+            if a.close_mosaic and epoch == self.epochs - a.close_mosaic:
+                self.log("Closing dataloader mosaic")
+                self._close_mosaic()
+            self.run_callbacks("on_train_epoch_start")
+            self.tloss = None
+            pbar = self._progress(epoch)
+            for i, batch in pbar:
+                self.run_callbacks("on_train_batch_start")
+                ni = i + nb * epoch  # iterations since the run began
+                if ni <= nw and nw > 0:
+                    targets = [g["initial_lr"] * self.lf(epoch) for g in opt.param_groups]
+                    lrs, mom, self.accumulate = optim.warmup_values(
+                        ni, nw, lr_targets=targets, bias_lr0=self.warmup_bias_lr, momentum0=a.warmup_momentum,
+                        momentum=self.momentum, nbs=a.nbs, batch=a.batch)
+                    for g, lr in zip(opt.param_groups, lrs):
+                        g["lr"] = lr
+                        if "momentum" in g:  # SGD/RMSProp only; Adam's beta1 stays `momentum`
+                            g["momentum"] = mom
+
+                batch = self.preprocess_batch(batch)
+                with self.autocast():
+                    feats = self.train_model(batch["img"])
+                loss, items = self.criterion([f.float() for f in feats], batch)  # loss in fp32
+                if not torch.isfinite(loss):
+                    # A non-finite loss would poison the weights and the EMA: skip this batch entirely.
+                    warnings.warn(f"non-finite loss {loss.item()} at epoch {epoch + 1} batch {i}; batch "
+                                  "skipped", stacklevel=1)
+                    opt.zero_grad(set_to_none=True)
+                    self.last_opt_step = ni
+                    continue
+                self.scaler.scale(loss).backward()
+                # The last batch of an epoch always steps: no gradient crosses an epoch boundary, so a
+                # checkpoint holds everything and a resumed run is exact.
+                if ni - self.last_opt_step >= self.accumulate or i == nb - 1:
+                    self.optimizer_step()
+                    self.last_opt_step = ni
+
+                items = items.detach().float().cpu()
+                self.tloss = items if self.tloss is None else (self.tloss * i + items) / (i + 1)
+                if a.verbose and is_main_process():
+                    pbar.set_description(self._progress_line(epoch, batch))
+                self.run_callbacks("on_train_batch_end")
+                if a.time and time.time() - t_start > a.time * 3600:
+                    self.stop = True
+                    self.log(f"Time limit of {a.time} h reached in epoch {epoch + 1}; stopping")
+                    break
+            pbar.close()
+
+            self.lr = {f"lr/pg{j}": g["lr"] for j, g in enumerate(opt.param_groups)}
+            self.run_callbacks("on_train_epoch_end")
+            self.scheduler.step()
+            self.run_callbacks("on_params_update")
+
+            if a.val or epoch + 1 == self.epochs or self.stop:  # self.stop here: the time limit
+                self.metrics, self.fitness = self.validate()
+                if self.best_fitness is None or self.fitness > self.best_fitness:
+                    self.best_fitness, self.best_epoch = self.fitness, epoch
+                if a.patience and epoch - self.best_epoch >= a.patience:
+                    self.stop = True
+                    self.log(f"Stopping early: no improvement in the last {a.patience} epochs; best was "
+                             f"epoch {self.best_epoch + 1} (fitness {self.best_fitness:.4f})")
+            final = epoch + 1 == self.epochs or self.stop
+            self.train_time = time.time() - t_start
+            self.save_metrics()
+            if a.save or final:
+                self.save_model()
+                self.run_callbacks("on_model_save")
+            self.run_callbacks("on_fit_epoch_end")
+            if self.stop:
+                break
+        self.epoch = epoch
+        self._final_eval()
+        if a.plots and is_main_process() and self.csv.exists():
+            from yolofast.engine.plots import plot_results
+
+            plot_results(self.csv)
+        self.run_callbacks("on_train_end")
+        hours = (time.time() - t_start) / 3600
+        self.log(f"\n{epoch - self.start_epoch + 1} epochs completed in {hours:.3f} hours "
+                 f"({hours * 60:.1f} min).\nResults saved to {self.save_dir.resolve()}"
+                 f"\n  weights: {self.best.resolve()}\n  metrics: {self.csv.resolve()}")
+
+    def preprocess_batch(self, batch: dict) -> dict:
+        """Tensors to the device (non_blocking), images to float in [0, 1]."""
+        dev = self.device
+        out = {k: (v.to(dev, non_blocking=True) if torch.is_tensor(v) else v) for k, v in batch.items()}
+        out["img"] = out["img"].float() / 255
+        if self.channels_last:
+            out["img"] = out["img"].contiguous(memory_format=torch.channels_last)
+        return out
+
+    def optimizer_step(self) -> None:
+        """unscale -> clip_grad_norm_(10.0) -> step -> scaler update -> zero_grad -> EMA update."""
+        self.scaler.unscale_(self.optimizer)
+        # 10.0 bounds the rare huge gradients of early iterations (loss is × batch); normal ones pass.
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=10.0)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.run_callbacks("optimizer_step")
+        self.run_callbacks("on_before_zero_grad")
+        self.optimizer.zero_grad(set_to_none=True)
+        self.ema.update(self.model)
+
+    # ------------------------------------------------------------------ end of epoch
+    def validate(self) -> tuple[dict, float]:
+        """Validate the EMA model; returns (metrics, fitness = mAP50-95)."""
+        v = self.validator
+        if hasattr(v, "dataloader") and not isinstance(v.dataloader, _ValBatchEvents):
+            v.dataloader = _ValBatchEvents(v.dataloader, self.run_callbacks)
+        self.run_callbacks("on_val_start")
+        metrics = dict(v(self.ema.ema))
+        fitness = metrics.get("fitness", metrics.get("metrics/mAP50-95(B)"))
+        if fitness is None:  # a custom validator without mAP: lower validation loss is better
+            fitness = -sum(metrics.get(k, 0.0) for k in _METRIC_KEYS[4:])
+        self.metrics = metrics
+        self.run_callbacks("on_val_end")
+        return metrics, float(fitness)
+
+    def _progress(self, epoch: int):
+        it = enumerate(self.train_loader)
+        if not (self.args.verbose and is_main_process()):
+            return tqdm(it, total=self.nb, disable=True)
+        mem = "GPU_mem" if self.device.type == "cuda" else "CPU_mem"
+        tqdm.write(("\n" + "%11s" * 8) % ("Epoch", mem, "box_loss", "cls_loss", "dfl_loss", "Instances",
+                                          "Size", "lr"))
+        return tqdm(it, total=self.nb, bar_format="{l_bar}{bar:10}{r_bar}")
+
+    def _progress_line(self, epoch: int, batch: dict) -> str:
+        mem = f"{_memory_gb(self.device):.3g}G"
+        lr = self.optimizer.param_groups[1]["lr"]
+        return ("%11s" * 2 + "%11.4g" * 3 + "%11i" * 2 + "%11.3g") % (
+            f"{epoch + 1}/{self.epochs}", mem, *self.tloss.tolist(), batch["cls"].shape[0],
+            batch["img"].shape[-1], lr)
+
+    def save_metrics(self) -> None:
+        if not is_main_process():
+            return
+        tl = self.tloss.tolist() if self.tloss is not None else [float("nan")] * 3
+        row = {"epoch": self.epoch + 1, "time": round(self.train_time, 3),
+               "train/box_loss": tl[0], "train/cls_loss": tl[1], "train/dfl_loss": tl[2]}
+        row.update({k: self.metrics.get(k, float("nan")) for k in _METRIC_KEYS})
+        row.update({f"lr/pg{j}": self.lr.get(f"lr/pg{j}", float("nan")) for j in range(3)})
+        self._write_csv_row(row)
+        if self.args.verbose and self.metrics and (self.args.val or self.epoch + 1 == self.epochs):
+            self.log(f"{'':>22}mAP50 {self.metrics.get('metrics/mAP50(B)', 0):.4f}  mAP50-95 "
+                     f"{self.metrics.get('metrics/mAP50-95(B)', 0):.4f}")
+
+    def _write_csv_row(self, row: dict) -> None:
+        new = not self.csv.exists()
+        with open(self.csv, "a", newline="", encoding="utf-8") as f:
+            w = csv.DictWriter(f, fieldnames=RESULTS_COLUMNS, extrasaction="ignore")
+            if new:
+                w.writeheader()
+            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
+
+    def _checkpoint(self) -> dict:
+        args = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(self.args).items()}
+        return {
+            "epoch": self.epoch,
+            "best_fitness": self.best_fitness,
+            "best_epoch": self.best_epoch,
+            # fp32 modules (not halved): resume must continue from exactly these numbers.
+            "model": unwrap_model(self.model),
+            "ema": self.ema.ema,
+            "updates": self.ema.updates,
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "train_args": args,
+            "train_metrics": dict(self.metrics),
+            "train_time": self.train_time,
+            "rng": self._rng_state(),
+            **ckpt_io.checkpoint_meta(),
+        }
+
+    def save_model(self) -> None:
+        """last.pt every time; best.pt when this epoch has the best fitness; epoch{N}.pt every save_period."""
+        if not is_main_process():
+            return
+        ckpt = self._checkpoint()
+        ckpt_io.save_checkpoint(ckpt, self.last)
+        if self.best_epoch == self.epoch:
+            ckpt_io.save_checkpoint(ckpt, self.best)
+        if self.args.save_period > 0 and (self.epoch + 1) % self.args.save_period == 0:
+            ckpt_io.save_checkpoint(ckpt, self.wdir / f"epoch{self.epoch + 1}.pt")
+
+    def _final_eval(self) -> None:
+        """The returned metrics are best.pt's: validate it again unless it is the model just validated."""
+        if not is_main_process() or not self.best.exists() or self.best_epoch == self.epoch:
+            return
+        best = ckpt_io.load_checkpoint(self.best, map_location=self.device)
+        self.log(f"\nValidating {self.best} (epoch {best['epoch'] + 1})...")
+        ema_model = self.ema.ema
+        self.ema.ema = best["ema"].to(self.device)
+        try:
+            self.metrics, self.fitness = self.validate()
+        finally:
+            self.ema.ema = ema_model
