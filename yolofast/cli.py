@@ -179,6 +179,11 @@ def cmd_info(argv) -> int:
     env = {k: v for k, v in os.environ.items() if k.startswith("YOLOFAST_BACKEND")}
     if env:
         print("forced: " + ", ".join(f"{k}={v}" for k, v in sorted(env.items())))
+    from yolofast.ops import _build
+
+    for kind in ("cpp", "cuda"):
+        ok, why = _build.extension_status(kind)
+        print(f"{kind} extension: {'loaded' if ok else 'not loaded'} ({why})")
     for dev in devices:
         print(f"\nbackends on {dev}:")
         for op, chosen, why in _backend.describe(dev):
