@@ -151,3 +151,19 @@ def test_loss_decreases_when_fitting_the_maps():
     # the box term may rise while the assigner hands out larger target scores (weights); the sum falls
     assert items.sum() < 0.5 * first.sum(), (first, items)
     assert items[2] < first[2]
+
+
+def test_cached_anchors_follow_the_feature_size():
+    # One loss object reused across image sizes (multi-scale / val) must not reuse the anchors of the
+    # previous size: compare against a fresh object, values and gradients.
+    loss_fn = DetectionLoss(NC)
+    loss_fn(make_feats(h=64, w=64), make_batch())
+    feats = make_feats(h=96, w=64)
+    total, items = loss_fn(feats, make_batch())
+    total.backward()
+    fresh = [f.detach().clone().requires_grad_(True) for f in feats]
+    f_total, f_items = DetectionLoss(NC)(fresh, make_batch())
+    f_total.backward()
+    torch.testing.assert_close(items, f_items, rtol=0, atol=0)
+    for f, g in zip(feats, fresh):
+        torch.testing.assert_close(f.grad, g.grad, rtol=0, atol=0)
