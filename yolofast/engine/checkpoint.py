@@ -11,6 +11,7 @@ resumed run continues bit-exactly; loading therefore needs ``weights_only=False`
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import tempfile
 from datetime import datetime
@@ -19,8 +20,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from yolofast.cfg import CfgError
+
 __all__ = ["save_checkpoint", "load_checkpoint", "rng_state", "set_rng_state", "find_last_checkpoint",
-           "checkpoint_meta"]
+           "checkpoint_meta", "check_resumable", "remove_stale_temps", "CheckpointError", "RESUME_KEYS"]
+
+# What a resumed run restores (Trainer._restore); a file without them cannot continue a run exactly.
+RESUME_KEYS = ("epoch", "model", "ema", "updates", "optimizer", "scaler", "scheduler", "train_args", "rng")
+
+
+class CheckpointError(CfgError):
+    """A checkpoint that is truncated, corrupt, foreign, or lacks what the caller needs (a CfgError, so
+    ``yolofast train resume=...`` prints the message instead of a traceback)."""
 
 
 def save_checkpoint(ckpt: dict, path: str | Path) -> Path:
@@ -51,11 +62,44 @@ def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint '{path}' not found")
-    # weights_only=False: yolofast checkpoints pickle the model modules (trusted local files only).
-    ckpt = torch.load(path, map_location=map_location, weights_only=False)
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"checkpoint '{path}' is empty (0 bytes): a crash while it was copied? Use "
+                              f"another checkpoint (weights/last.pt, best.pt or epoch{{N}}.pt)")
+    try:
+        # weights_only=False: yolofast checkpoints pickle the model modules (trusted local files only).
+        ckpt = torch.load(path, map_location=map_location, weights_only=False)
+    except (RuntimeError, EOFError, pickle.UnpicklingError, ValueError, AttributeError, ImportError) as e:
+        raise CheckpointError(
+            f"checkpoint '{path}' ({path.stat().st_size} bytes) cannot be read: truncated, corrupt or not a "
+            f"torch file ({type(e).__name__}: {str(e)[:200]}). yolofast writes checkpoints atomically, so a "
+            f"truncated one was copied or written by another tool; use another checkpoint") from e
     if not isinstance(ckpt, dict) or not ({"model", "ema"} & set(ckpt)):
-        raise ValueError(f"'{path}' is not a yolofast checkpoint (expected a dict with 'model'/'ema')")
+        keys = f" with keys {', '.join(map(str, list(ckpt)[:8]))}" if isinstance(ckpt, dict) else ""
+        raise CheckpointError(f"'{path}' is not a yolofast checkpoint (expected a dict with 'model'/'ema', "
+                              f"got {type(ckpt).__name__}{keys})")
     return ckpt
+
+
+def check_resumable(ckpt: dict, path: str | Path) -> None:
+    """A checkpoint ``resume`` can continue: written by a yolofast Trainer, with the full training state."""
+    missing = [k for k in RESUME_KEYS if k not in ckpt]
+    if missing:
+        foreign = "version" not in ckpt or "train_args" not in ckpt
+        what = ("written by another tool (e.g. Ultralytics), not by the yolofast Trainer" if foreign
+                else "a yolofast checkpoint without the training state")
+        raise CheckpointError(f"resume: '{path}' is {what}: missing {', '.join(missing)}. Start a new run "
+                              f"from its weights with model={path} instead of resume")
+    if not isinstance(ckpt["train_args"], dict) or "epochs" not in ckpt["train_args"]:
+        raise CheckpointError(f"resume: '{path}' has no usable train_args; start a new run with model={path}")
+
+
+def remove_stale_temps(folder: str | Path) -> list[Path]:
+    """Delete ``.<name>.*.tmp`` files a killed save_checkpoint left behind; returns what was removed."""
+    folder = Path(folder)
+    stale = sorted(folder.glob(".*.pt.*.tmp")) if folder.is_dir() else []
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return stale
 
 
 def checkpoint_meta() -> dict:
@@ -98,3 +142,48 @@ def find_last_checkpoint(project: str | Path = "runs") -> Path:
         raise FileNotFoundError(f"resume=True but no last.pt was found under '{project}'; pass "
                                 f"resume=path/to/weights/last.pt")
     return found[-1]
+
+
+# Arguments a resumed run may change: they leave the optimisation math of the finished epochs alone (batch
+# changes accumulate/lr scaling from here on, epochs may only grow). ``project`` only locates last.pt.
+RESUME_SAFE = ("batch", "workers", "device", "patience", "time", "val", "plots", "save_period", "epochs",
+               "verbose", "exist_ok", "project", "resume")
+
+
+def resume_args(ckpt: dict, path: str | Path, overrides: dict) -> dict:
+    """The recipe a resumed run uses: the checkpoint's ``train_args`` plus the safe ``overrides``.
+
+    Any other override whose value differs from the checkpoint's is refused (CfgError naming each), as
+    are ``epochs`` below the run's own and a run that has nothing left to do."""
+    from yolofast.cfg import get_cfg
+
+    check_resumable(ckpt, path)
+    args = dict(ckpt["train_args"])
+    refused = []
+    for k, v in overrides.items():
+        if k in RESUME_SAFE:
+            continue
+        same_file = isinstance(v, (str, Path)) and Path(str(v)).resolve() == Path(path).resolve()
+        if k == "model" and (same_file or not isinstance(v, (str, Path))):
+            continue  # YOLO("last.pt").train(resume=True) passes the checkpoint itself; a module is its copy
+        new = vars(get_cfg(**{k: v}))[k]
+        old = args.get(k)
+        if (str(new) if isinstance(new, Path) else new) != old:
+            refused.append(f"{k}={v!r} (run has {old!r})")
+    if refused:
+        raise CfgError(f"resume: '{path}' continues its run with its own recipe; these arguments would "
+                       f"change it and are refused: {', '.join(refused)}. Resumable changes: "
+                       f"{', '.join(k for k in RESUME_SAFE if k not in ('resume', 'project'))}; or start a "
+                       f"new run with model={path}")
+    done = ckpt["epoch"] + 1
+    if "epochs" in overrides and int(overrides["epochs"]) < int(args["epochs"]):
+        raise CfgError(f"resume: epochs={overrides['epochs']} is below the run's {args['epochs']}: epochs "
+                       f"may only be extended on resume (the learning-rate schedule of done epochs is fixed)")
+    for k in RESUME_SAFE:
+        if k in overrides and k not in ("resume", "project"):
+            args[k] = overrides[k]
+    if done >= args["epochs"]:
+        raise CfgError(f"resume: '{path}' finished all {args['epochs']} epochs already; nothing to resume "
+                       f"(pass a larger epochs= to extend it, or start a new run with model={path})")
+    args["resume"] = str(path)
+    return args

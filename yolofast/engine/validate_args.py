@@ -1,0 +1,62 @@
+"""Argument checks that run before any work starts (no data generated, no model built).
+
+``validate_args(args, model_obj=None)`` raises ``CfgError`` naming the argument and what is valid:
+``imgsz`` (a positive multiple of the max stride 32: the error gives the nearest valid sizes) and ``model``
+(a built-in name, an existing yaml or .pt, or an nn.Module). ``device`` is checked by ``select_device``
+and the data yaml (missing paths, names vs nc) by ``yolofast.data.check_data``, both in ``Trainer.__init__``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from yolofast.cfg import CfgError
+
+__all__ = ["validate_args", "check_imgsz", "check_model", "MODEL_NAMES", "MAX_STRIDE"]
+
+MAX_STRIDE = 32  # P5 output: the input must divide into 32-px cells at the coarsest level
+MODEL_NAMES = tuple(f"yolov8{s}" for s in "nsmlx")
+_NAMED = re.compile(r"^yolov8[nsmlx](\.yaml)?$", re.IGNORECASE)
+
+
+def check_imgsz(imgsz, stride: int = MAX_STRIDE, name: str = "imgsz") -> int:
+    """``imgsz`` as an int, or CfgError naming the nearest valid sizes (multiples of ``stride``)."""
+    if isinstance(imgsz, bool) or not isinstance(imgsz, (int, float)) or imgsz != int(imgsz):
+        raise CfgError(f"{name}={imgsz!r} must be an integer multiple of {stride} (e.g. 640)")
+    imgsz = int(imgsz)
+    if imgsz < stride or imgsz % stride:
+        lo = max(imgsz // stride * stride, stride)
+        hi = lo + stride if lo <= imgsz else lo
+        near = f"{lo} or {hi}" if lo != hi else f"{lo}"
+        raise CfgError(f"{name}={imgsz} is not a multiple of the max stride {stride}; the nearest valid "
+                       f"values are {near}")
+    return imgsz
+
+
+def check_model(model, model_obj=None) -> None:
+    """A built-in name, a yaml file, a .pt file that exists, a dict, or an nn.Module."""
+    if model_obj is not None or isinstance(model, dict):
+        return
+    if not isinstance(model, (str, Path)) or not str(model).strip():
+        raise CfgError(f"model={model!r}: give a name ({', '.join(MODEL_NAMES)}), a model yaml, a yolofast "
+                       f".pt checkpoint or an nn.Module")
+    s = str(model)
+    if _NAMED.match(Path(s).name) or Path(s).is_file():
+        return
+    if s.endswith(".pt"):
+        raise CfgError(f"model={s!r}: checkpoint not found (yolofast downloads no weights); use one of "
+                       f"{', '.join(MODEL_NAMES)} to train from scratch or a path to a yolofast .pt")
+    if s.endswith((".yaml", ".yml")):
+        builtin = Path(__file__).resolve().parents[1] / "nn" / "cfg" / Path(s).name
+        if builtin.is_file():
+            return
+        raise CfgError(f"model={s!r}: yaml file not found; valid model names: {', '.join(MODEL_NAMES)}")
+    raise CfgError(f"model={s!r} is not a known model; valid names: {', '.join(MODEL_NAMES)} (or a model "
+                   f"yaml / yolofast .pt path)")
+
+
+def validate_args(args, model_obj=None) -> None:
+    """Check ``args`` (a get_cfg namespace) in place; imgsz is normalised to an int."""
+    args.imgsz = check_imgsz(args.imgsz)
+    check_model(args.model, model_obj)
