@@ -107,6 +107,10 @@ def cmd_train(argv) -> int:
 
     trainer = Trainer(**args)
     metrics = trainer.train()
+    from yolofast.engine.distributed import is_main_process
+
+    if not is_main_process():  # under torchrun only rank 0 reports
+        return 0
     print(f"\nmAP50 {metrics.get('metrics/mAP50(B)', float('nan')):.4f}  mAP50-95 "
           f"{metrics.get('metrics/mAP50-95(B)', float('nan')):.4f}  ->  results in {trainer.save_dir}")
     return 0
@@ -237,12 +241,16 @@ def main(argv=None) -> int:
         print(f"yolofast: error: unknown command '{cmd}'\n\n{USAGE}", file=sys.stderr)
         return 2
     from yolofast.data import DataError
+    from yolofast.engine.recovery import NonFiniteLossError
 
     try:
         return COMMANDS[cmd](rest)
     except (CfgError, UsageError, DataError, FileNotFoundError) as e:
         print(f"yolofast: error: {e}", file=sys.stderr)
         return 2
+    except NonFiniteLossError as e:  # the run gave up after restoring; its message names the checkpoint
+        print(f"yolofast: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("\nyolofast: interrupted", file=sys.stderr)
         return 130

@@ -1,14 +1,32 @@
-"""Process-group helpers. Runs are single-process for now; these read torchrun's environment so the loop
-already knows its rank/world and only rank 0 logs and saves (DESIGN §4: DDP via torchrun, no relaunch)."""
+"""Process-group helpers for DDP via torchrun (DESIGN §4: no self-relaunch).
+
+``torchrun --standalone --nproc_per_node=2 -m yolofast train data=shapes ...`` sets RANK/LOCAL_RANK/
+WORLD_SIZE/MASTER_ADDR/MASTER_PORT; ``init_distributed`` reads them and joins the group (nccl on CUDA, gloo on
+CPU). Each rank trains on ``batch // world`` images of its DistributedSampler shard; the trainer multiplies
+the loss by the world size so DDP's gradient *average* equals the gradient of the whole batch (DESIGN §2.2).
+
+What is exact and what is not: for a model without BatchNorm and a loss that is a sum over images, the
+averaged gradients equal the single-process full-batch gradients (tests/engine/test_ddp.py). The real
+YOLOv8 differs slightly: BatchNorm normalises with per-rank batch statistics (SyncBN is not used), and
+DetectionLoss divides by ``S = max(sum of target scores, 1)`` of the rank's own images — as Ultralytics does.
+
+Only rank 0 validates (the EMA), logs and writes files; ``rank0_broadcast`` hands its results (metrics,
+stop flags) to the other ranks so every rank takes the same branch and none waits forever in a collective.
+A rank that dies makes the others fail at their next collective after ``YOLOFAST_DDP_TIMEOUT`` seconds
+(default 600: longer than a rank-0 validation of coco128 on CPU, short enough not to burn a GPU node).
+"""
 
 from __future__ import annotations
 
+import datetime
 import os
 
 import torch
+import torch.distributed as dist
 
-__all__ = ["get_rank", "get_local_rank", "get_world_size", "is_main_process", "unwrap_model",
-           "init_distributed"]
+__all__ = ["get_rank", "get_local_rank", "get_world_size", "is_main_process", "is_distributed",
+           "unwrap_model", "init_distributed", "wrap_ddp", "rank0_broadcast", "broadcast_flag",
+           "destroy_distributed", "ddp_timeout"]
 
 
 def get_rank() -> int:
@@ -28,6 +46,10 @@ def is_main_process() -> bool:
     return get_rank() in (-1, 0)
 
 
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
 def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
     """The module under DataParallel/DistributedDataParallel/torch.compile wrappers."""
     while True:
@@ -39,10 +61,66 @@ def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
             return model
 
 
-def init_distributed(device: torch.device) -> None:
-    """Refuse multi-process runs until DDP lands, with the reason (instead of silently training N copies)."""
-    if get_world_size() > 1:
-        raise NotImplementedError(
-            f"WORLD_SIZE={get_world_size()}: multi-process (torchrun) training is not implemented yet; "
-            "run a single process"
-        )
+def ddp_timeout() -> datetime.timedelta:
+    return datetime.timedelta(seconds=float(os.environ.get("YOLOFAST_DDP_TIMEOUT", 600)))
+
+
+def init_distributed(device: torch.device) -> torch.device:
+    """Join torchrun's process group when WORLD_SIZE > 1; returns the device this rank must use.
+
+    CUDA: one GPU per process, ``cuda:LOCAL_RANK`` (nccl). CPU: gloo. A single process is left alone.
+    """
+    world = get_world_size()
+    if world <= 1:
+        return device
+    if get_rank() < 0 or "MASTER_ADDR" not in os.environ:
+        raise RuntimeError(f"WORLD_SIZE={world} but RANK/MASTER_ADDR are not set: launch multi-process runs "
+                           "with `torchrun --standalone --nproc_per_node=N -m yolofast train ...`")
+    if device.type == "cuda":
+        local = max(get_local_rank(), 0)
+        if local >= torch.cuda.device_count():
+            raise RuntimeError(f"LOCAL_RANK={local} but only {torch.cuda.device_count()} CUDA device(s) are "
+                               "visible; use --nproc_per_node <= the number of GPUs")
+        device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend, timeout=ddp_timeout(), rank=get_rank(), world_size=world)
+    return device
+
+
+def wrap_ddp(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """DistributedDataParallel around ``model`` (already on ``device``); the model itself when not DDP."""
+    if not is_distributed():
+        return model
+    if next(model.parameters()).device != device:
+        raise RuntimeError(f"wrap_ddp: move the model to {device} before wrapping it (DDP broadcasts rank "
+                           "0's weights from the model's own device)")
+    ids = [device.index] if device.type == "cuda" else None
+    return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids, output_device=None if ids is None
+                                                     else ids[0])
+
+
+def rank0_broadcast(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` on rank 0 only; every rank returns rank 0's result (picklable objects)."""
+    if not is_distributed():
+        return fn(*args, **kwargs)
+    obj = [fn(*args, **kwargs) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(obj, src=0)
+    return obj[0]
+
+
+def broadcast_flag(flag: bool) -> bool:
+    """Rank 0's ``flag`` on every rank (the time limit: wall clocks differ, the ranks must stop together)."""
+    if not is_distributed():
+        return bool(flag)
+    t = torch.tensor([int(bool(flag))], dtype=torch.int32)
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.broadcast(t, src=0)
+    return bool(t.item())
+
+
+def destroy_distributed() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -36,7 +36,6 @@ import math
 import os
 import random
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -48,14 +47,21 @@ from tqdm import tqdm
 from yolofast.cfg import CfgError, get_cfg
 from yolofast.engine import checkpoint as ckpt_io
 from yolofast.engine import optim
+from yolofast.engine.autobatch import MEMORY_COLUMNS, memory_usage
 from yolofast.engine.callbacks import Callbacks
+from yolofast.engine.compile import train_step_modules
 from yolofast.engine.distributed import (
+    broadcast_flag,
+    destroy_distributed,
     get_rank,
     get_world_size,
     init_distributed,
     is_main_process,
+    rank0_broadcast,
     unwrap_model,
 )
+from yolofast.engine.recovery import NonFiniteGuard
+from yolofast.engine.validate_args import validate_args
 
 __all__ = ["Trainer", "RESULTS_COLUMNS", "select_device", "increment_path", "init_seeds"]
 
@@ -64,10 +70,8 @@ RESULTS_COLUMNS = (
     "epoch", "time", "train/box_loss", "train/cls_loss", "train/dfl_loss", "metrics/precision(B)",
     "metrics/recall(B)", "metrics/mAP50(B)", "metrics/mAP50-95(B)", "val/box_loss", "val/cls_loss",
     "val/dfl_loss", "lr/pg0", "lr/pg1", "lr/pg2",
-)
+) + MEMORY_COLUMNS  # appended after Ultralytics' columns: CPU RSS and CUDA reserved per epoch
 _METRIC_KEYS = RESULTS_COLUMNS[5:12]
-# On resume the run continues with the checkpoint's recipe; only these may change (they leave the math alone).
-_RESUME_OVERRIDABLE = ("device", "workers", "verbose", "plots", "time", "save_period", "exist_ok")
 
 
 def select_device(device=None) -> torch.device:
@@ -171,17 +175,13 @@ class Trainer:
         self.device = select_device(self.args.device)
         self.rank, self.world_size = get_rank(), get_world_size()
 
+        validate_args(self.args, self._model_obj)  # imgsz, model: before any data or model is made
         from yolofast.data import check_data
 
         self.data = check_data(self.args.data)  # fails fast (DataError) on a wrong yaml
         if self.args.split not in self.data:
             raise CfgError(f"split={self.args.split!r} but the data has no such split "
                            f"(it has {', '.join(k for k in ('train', 'val', 'test') if k in self.data)})")
-        if self.args.imgsz % 32:
-            new = int(math.ceil(self.args.imgsz / 32) * 32)
-            warnings.warn(f"imgsz={self.args.imgsz} is not a multiple of the max stride 32; using {new}",
-                          stacklevel=2)
-            self.args.imgsz = new
         if self.args.batch < 1:
             raise CfgError(f"batch={self.args.batch}: must be >= 1 (AutoBatch, batch=-1, is not implemented)")
         if self.resume_ckpt is not None:
@@ -225,6 +225,7 @@ class Trainer:
             self._do_train()
         finally:
             self.run_callbacks("teardown")
+            destroy_distributed()
         return self.metrics
 
     # ------------------------------------------------------------------ hooks for subclasses
@@ -257,8 +258,8 @@ class Trainer:
         if weights is not None:
             model.load_state_dict(weights.state_dict() if isinstance(weights, nn.Module) else weights)
         model.names = names
-        for p in model.parameters():
-            p.requires_grad_(True)
+        for n, p in model.named_parameters():  # the DFL's fixed 0..15 bin weights stay frozen (DDP needs
+            p.requires_grad_(".dfl." not in n)  # every trainable parameter to get a gradient)
         return model
 
     def get_dataloader(self, img_path, batch_size: int = 16, mode: str = "train"):
@@ -272,7 +273,8 @@ class Trainer:
         stride = max(int(unwrap_model(self.model).stride.max()), 32) if hasattr(self, "model") else 32
         dataset = build_dataset(img_path, imgsz=a.imgsz, augment=train, hyp=hyp, stride=stride, cache=a.cache,
                                 prefix=f"{mode}: ", nc=self.data["nc"])
-        return build_dataloader(dataset, batch_size, a.workers, shuffle=train, rank=self.rank, seed=a.seed)
+        rank = self.rank if train else -1  # validation runs on rank 0 over the whole split
+        return build_dataloader(dataset, batch_size, a.workers, shuffle=train, rank=rank, seed=a.seed)
 
     def get_loss(self, model: nn.Module):
         """``loss(feats, batch) -> (total, items)``: DetectionLoss with the recipe's box/cls/dfl gains."""
@@ -301,14 +303,8 @@ class Trainer:
         r = self.args.resume
         path = ckpt_io.find_last_checkpoint(self.args.project) if r is True else Path(str(r))
         ckpt = ckpt_io.load_checkpoint(path)
-        args = dict(ckpt["train_args"])
-        if ckpt["epoch"] + 1 >= args["epochs"]:
-            raise CfgError(f"resume: '{path}' finished all {args['epochs']} epochs already; nothing to "
-                           f"resume (start a new run with model={path})")
-        for k in _RESUME_OVERRIDABLE:
-            if k in overrides:
-                args[k] = overrides[k]
-        args["resume"] = str(path)
+        args = ckpt_io.resume_args(ckpt, path, overrides)  # safe overrides honoured, the others refused
+        ckpt_io.remove_stale_temps(Path(path).parent)  # a save killed before its rename
         self.args = get_cfg(**args)
         self.resume_ckpt = str(path)
         self._resume_state = ckpt
@@ -341,7 +337,7 @@ class Trainer:
 
     def _setup_train(self) -> None:
         a = self.args
-        init_distributed(self.device)
+        self.device = init_distributed(self.device)  # cuda:LOCAL_RANK under torchrun
         init_seeds(a.seed + 1 + max(self.rank, 0), a.deterministic)
         if is_main_process():
             self.wdir.mkdir(parents=True, exist_ok=True)
@@ -361,10 +357,9 @@ class Trainer:
             self.model.to(memory_format=torch.channels_last)
         self.model.train()
         self.criterion = self.get_loss(self.model)
-        self.train_model = self.model
-        if a.compile:
-            mode = a.compile if isinstance(a.compile, str) else None
-            self.train_model = torch.compile(self.model, mode=mode)
+        # DDP wrap, loss x world size, torch.compile (model + whole loss): yolofast/engine/compile.py
+        self.train_model, self.train_loss = train_step_modules(self.model, self.criterion, self.device,
+                                                               a.compile, self.world_size)
 
         self.batch_size = max(a.batch // self.world_size, 1)
         self.train_loader = self.get_dataloader(self.data["train"], self.batch_size, mode="train")
@@ -374,6 +369,7 @@ class Trainer:
         from yolofast.engine.ema import ModelEMA
 
         self.ema = ModelEMA(self.model)
+        self.nonfinite = NonFiniteGuard(self)
 
         nb = len(self.train_loader)
         self.accumulate = optim.accumulate_steps(a.nbs, a.batch)
@@ -474,6 +470,7 @@ class Trainer:
                 self.log("Closing dataloader mosaic")
                 self._close_mosaic()
             self.run_callbacks("on_train_epoch_start")
+            self.nonfinite.snapshot()  # the last good state a run of non-finite losses falls back to
             self.tloss = None
             pbar = self._progress(epoch)
             for i, batch in pbar:
@@ -492,11 +489,8 @@ class Trainer:
                 batch = self.preprocess_batch(batch)
                 with self.autocast():
                     feats = self.train_model(batch["img"])
-                loss, items = self.criterion([f.float() for f in feats], batch)  # loss in fp32
-                if not torch.isfinite(loss):
-                    # A non-finite loss would poison the weights and the EMA: skip this batch entirely.
-                    warnings.warn(f"non-finite loss {loss.item()} at epoch {epoch + 1} batch {i}; batch "
-                                  "skipped", stacklevel=1)
+                loss, items = self.train_loss([f.float() for f in feats], batch)  # loss in fp32
+                if not self.nonfinite.check(loss, batch, epoch, i):  # skipped; restores/raises (recovery.py)
                     opt.zero_grad(set_to_none=True)
                     self.last_opt_step = ni
                     continue
@@ -512,7 +506,7 @@ class Trainer:
                 if a.verbose and is_main_process():
                     pbar.set_description(self._progress_line(epoch, batch))
                 self.run_callbacks("on_train_batch_end")
-                if a.time and time.time() - t_start > a.time * 3600:
+                if a.time and broadcast_flag(time.time() - t_start > a.time * 3600):  # ranks stop together
                     self.stop = True
                     self.log(f"Time limit of {a.time} h reached in epoch {epoch + 1}; stopping")
                     break
@@ -524,7 +518,7 @@ class Trainer:
             self.run_callbacks("on_params_update")
 
             if a.val or epoch + 1 == self.epochs or self.stop:  # self.stop here: the time limit
-                self.metrics, self.fitness = self.validate()
+                self.metrics, self.fitness = rank0_broadcast(self.validate)  # rank 0 validates
                 if self.best_fitness is None or self.fitness > self.best_fitness:
                     self.best_fitness, self.best_epoch = self.fitness, epoch
                 if a.patience and epoch - self.best_epoch >= a.patience:
@@ -571,7 +565,8 @@ class Trainer:
         self.run_callbacks("optimizer_step")
         self.run_callbacks("on_before_zero_grad")
         self.optimizer.zero_grad(set_to_none=True)
-        self.ema.update(self.model)
+        if is_main_process():  # only rank 0 validates and saves the EMA
+            self.ema.update(self.model)
 
     # ------------------------------------------------------------------ end of epoch
     def validate(self) -> tuple[dict, float]:
@@ -612,6 +607,7 @@ class Trainer:
                "train/box_loss": tl[0], "train/cls_loss": tl[1], "train/dfl_loss": tl[2]}
         row.update({k: self.metrics.get(k, float("nan")) for k in _METRIC_KEYS})
         row.update({f"lr/pg{j}": self.lr.get(f"lr/pg{j}", float("nan")) for j in range(3)})
+        row.update(memory_usage(self.device))
         self._write_csv_row(row)
         if self.args.verbose and self.metrics and (self.args.val or self.epoch + 1 == self.epochs):
             self.log(f"{'':>22}mAP50 {self.metrics.get('metrics/mAP50(B)', 0):.4f}  mAP50-95 "

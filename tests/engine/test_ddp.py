@@ -1,0 +1,142 @@
+"""DDP on CPU with 2 gloo processes (DESIGN §4/§6): the averaged gradients equal the single-process
+full-batch ones for a BatchNorm-free model, and a torchrun'd epoch completes with only rank 0 writing."""
+
+from __future__ import annotations
+
+import copy
+import os
+import socket
+import subprocess
+import sys
+
+import torch
+import torch.multiprocessing as mp
+import yaml
+from torch import nn
+
+from yolofast.data import make_shapes
+from yolofast.engine.compile import train_step_modules
+from yolofast.engine.distributed import destroy_distributed, init_distributed, is_distributed
+from yolofast.loss import DetectionLoss
+from yolofast.nn import YOLOV8
+
+NC, IMG, B = 3, 64, 4
+_TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
+             "yolofast"]
+
+
+class _Toy(nn.Module):
+    """No BatchNorm: one strided conv per level (8, 16, 32) -> (B, 64 + nc, H/s, W/s) maps."""
+
+    def __init__(self):
+        super().__init__()
+        self.levels = nn.ModuleList(nn.Conv2d(3, 64 + NC, s, stride=s) for s in (8, 16, 32))
+
+    def forward(self, x):
+        return [m(x) for m in self.levels]
+
+
+def _sum_loss(feats, batch):
+    """A loss that is a sum over images (like DetectionLoss's ×B with a shared S)."""
+    per_image = sum((f.float() ** 2).mean((1, 2, 3)) for f in feats)
+    return per_image.sum(), per_image.detach()[:3]
+
+
+def _inputs():
+    g = torch.Generator().manual_seed(0)
+    img = torch.rand(B, 3, IMG, IMG, generator=g)
+    n = 3  # GT per image, normalized xywh well inside the image
+    xy = torch.rand(B, n, 2, generator=g) * 0.5 + 0.25
+    wh = torch.rand(B, n, 2, generator=g) * 0.3 + 0.1
+    batch = {"gt_cls": torch.randint(0, NC, (B, 16, 1), generator=g).float(),
+             "gt_bboxes": torch.zeros(B, 16, 4), "gt_mask": torch.zeros(B, 16, 1)}
+    batch["gt_bboxes"][:, :n] = torch.cat([xy, wh], -1)
+    batch["gt_mask"][:, :n] = 1
+    return img, batch
+
+
+def _half(x, rank, world):
+    return x.chunk(world)[rank] if torch.is_tensor(x) else x
+
+
+def _grads(model, criterion, img, batch, device, world):
+    train_model, train_loss = train_step_modules(model, criterion, device, world_size=world)
+    loss, _ = train_loss(train_model(img), batch)
+    loss.backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def _worker(rank, world, port, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world), YOLOFAST_DDP_TIMEOUT="60")
+    dev = init_distributed(torch.device("cpu"))
+    assert is_distributed()
+    img, batch = _inputs()
+    res = {}
+    for name, crit in (("sum", _sum_loss), ("det", DetectionLoss(NC, strides=(8, 16, 32)))):
+        torch.manual_seed(0)
+        model = _Toy()
+        if rank == 1:  # DDP must broadcast rank 0's weights at wrap time
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(1.0)
+        part = {k: _half(v, rank, world) for k, v in batch.items()}
+        res[name] = _grads(model, crit, _half(img, rank, world), part, dev, world)
+    torch.save(res, f"{out}/rank{rank}.pt")
+    destroy_distributed()
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ddp_gradients_equal_full_batch(tmp_path):
+    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    img, batch = _inputs()
+    cpu = torch.device("cpu")
+    torch.manual_seed(0)
+    ref = {"sum": _grads(_Toy(), _sum_loss, img, batch, cpu, 1)}  # single process, full batch
+    # DetectionLoss divides by S = max(sum of target scores, 1) of the images it sees, so under DDP it is
+    # exact w.r.t. the sum of the per-half gradients (each half's loss x its own batch), not the full batch.
+    halves = []
+    for r in (0, 1):
+        torch.manual_seed(0)
+        part = {k: _half(v, r, 2) for k, v in batch.items()}
+        halves.append(_grads(_Toy(), DetectionLoss(NC, strides=(8, 16, 32)), _half(img, r, 2), part, cpu, 1))
+    ref["det"] = [a + b for a, b in zip(*halves)]
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    for name in ("sum", "det"):
+        for g_ref, g0, g1 in zip(ref[name], r0[name], r1[name]):
+            assert g_ref.abs().max() > 0
+            torch.testing.assert_close(g0, g1, rtol=0, atol=0)  # all-reduced: identical on every rank
+            torch.testing.assert_close(g0, g_ref, rtol=1e-5, atol=1e-6)
+
+
+def test_torchrun_one_epoch_rank0_writes(tmp_path):
+    tiny = {k: v for k, v in copy.deepcopy(YOLOV8).items() if k != "scales"}
+    tiny.update(depth_multiple=0.33, width_multiple=0.125, max_channels=256)
+    model_yaml = tmp_path / "tiny.yaml"
+    model_yaml.write_text(yaml.safe_dump(tiny))
+    data = make_shapes(root=tmp_path / "data", n_train=8, n_val=4, imgsz=64)
+    project = tmp_path / "runs"
+    cmd = [*_TORCHRUN, "train", f"model={model_yaml}", f"data={data}", "epochs=1", "imgsz=64", "batch=4",
+           "workers=0", f"project={project}", "name=run", "plots=False", "device=cpu"]
+    env = {**os.environ, "YOLOFAST_DDP_TIMEOUT": "60", "OMP_NUM_THREADS": "1"}
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert sorted(x.name for x in project.iterdir()) == ["run"]  # rank 1 made no run folder of its own
+    files = sorted(str(f.relative_to(project / "run")) for f in (project / "run").rglob("*") if f.is_file())
+    assert files == ["args.yaml", "results.csv", "weights/best.pt", "weights/last.pt"], files
+    rows = (project / "run" / "results.csv").read_text().strip().splitlines()
+    assert len(rows) == 2  # header + one epoch, written once (by rank 0)
+
+
+def test_torchrun_failed_rank_ends_with_error(tmp_path):
+    """A rank that raises before training ends the whole run with a non-zero exit, not a hang."""
+    cmd = [*_TORCHRUN, "train", "data=does_not_exist.yaml", f"project={tmp_path}"]
+    p = subprocess.run(cmd, env={**os.environ, "YOLOFAST_DDP_TIMEOUT": "30"}, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode != 0
+    assert "does_not_exist.yaml" in p.stdout + p.stderr
