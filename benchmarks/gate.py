@@ -146,6 +146,18 @@ def main(argv=None, measure_fn=measure, out=print) -> int:
         return 0
 
     ok, results = check_floors(rows, floors, backend, allow_missing=allow_missing)
+    slow = [r.key for r in results if r.verdict == "FAIL" and r.speedup is not None]
+    if slow:
+        # One load spike on a shared 2-core machine can halve a ratio (seen: bbox_loss 2.5x-5.5x between
+        # runs); a kernel that really lost its edge is under its floor on a second measurement too.
+        out(format_gate(results))
+        out("re-measuring " + ", ".join(slow) + " once before failing")
+        again = measure_fn(slow, backend=backend, rounds=rounds, progress=not a.quiet)
+        out(format_table([Row.from_dict(r) for r in again]))
+        ok2, retried = check_floors(again, {k: floors[k] for k in slow}, backend, allow_missing=allow_missing)
+        by_key = {r.key: r for r in retried}
+        results = [by_key.get(r.key, r) for r in results]
+        ok = all(r.verdict != "FAIL" for r in results)
     out(format_gate(results))
     out("gate: PASS" if ok else "gate: FAIL (a fused CPU op fell under its floor or did not run)")
     return 0 if ok else 1
