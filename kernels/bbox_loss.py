@@ -21,6 +21,7 @@ import triton.language as tl
 from torch import Tensor
 
 from yolofast.kernels import _common
+from yolofast.ops import _bbox_loss_grad
 
 BLOCK_A = 256 if _common.INTERPRET else 32  # the interpreter runs programs one by one: fewer, larger ones
 BLOCK_R = 1024  # partial sums added per step of the reduction
@@ -303,25 +304,8 @@ def _bbox_loss_op(
     return losses, gd_box, gd_dfl, gs, inv_s
 
 
-def _setup_context(ctx, inputs, output):
-    _, gd_box, gd_dfl, gs, inv_s = output
-    ctx.save_for_backward(gd_box, gd_dfl, gs, inv_s)
-    ctx.dtypes = (inputs[0].dtype, inputs[1].dtype)
-    ctx.mark_non_differentiable(gd_box, gd_dfl, gs, inv_s)
-
-
-def _backward(ctx, g_losses, *_unused):
-    gd_box, gd_dfl, gs, inv_s = ctx.saved_tensors
-    c = g_losses.to(inv_s.dtype) * inv_s  # (3,): the incoming gradients over S
-    grad_dist = grad_scores = None
-    if ctx.needs_input_grad[0]:
-        grad_dist = torch.addcmul(gd_box * c[0], gd_dfl, c[2]).to(ctx.dtypes[0])
-    if ctx.needs_input_grad[1]:
-        grad_scores = (gs * c[1]).to(ctx.dtypes[1])
-    return grad_dist, grad_scores, None, None, None, None
-
-
-_bbox_loss_op.register_autograd(_backward, setup_context=_setup_context)
+# The same backward as yolofast::bbox_loss (the C++/CUDA op): scale the stored gradients.
+_bbox_loss_op.register_autograd(_bbox_loss_grad.backward, setup_context=_bbox_loss_grad.setup_context)
 # The loss computes in fp32 whatever autocast would pick (the reference upcasts too).
 torch.library.register_autocast("yolofast::bbox_loss_triton", "cuda", torch.float32)
 

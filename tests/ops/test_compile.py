@@ -100,6 +100,27 @@ def test_detection_loss_is_one_graph_with_the_kernels(lib, mode):
     torch.testing.assert_close(total_c, total_e, rtol=1e-6, atol=0)
 
 
+@pytest.mark.parametrize("ref_op", ["tal_assign", "bbox_loss"])
+def test_per_op_backends_in_one_graph(lib, monkeypatch, ref_op):
+    """The wrappers share one assume_constant_result ``backend_name(op, device_type)``: each op's choice
+    must be its own in a single traced graph (one op forced to the reference, the other compiled)."""
+    from yolofast.loss import DetectionLoss
+
+    if not torch._C._dispatch_has_kernel_for_dispatch_key("yolofast::tal_assign", "CPU"):
+        pytest.skip("csrc/cpu/tal_assign_kernel.cpp is not part of this build yet")
+    other = {"tal_assign": "bbox_loss", "bbox_loss": "tal_assign"}[ref_op]
+    monkeypatch.setenv(f"YOLOFAST_BACKEND_{ref_op.upper()}", "ref")
+    monkeypatch.setenv(f"YOLOFAST_BACKEND_{other.upper()}", "cpp")
+    feats, batch = _loss_inputs(nc=5)
+    seen: set = set()
+    compiled = torch.compile(DetectionLoss(5), fullgraph=True, backend=_recording_backend(seen))
+    total_c, _ = compiled(feats, batch)
+    assert any(f"yolofast.{other}" in t for t in seen), sorted(seen)
+    assert not any(f"yolofast.{ref_op}" in t for t in seen), sorted(seen)
+    total_e, _ = DetectionLoss(5)(feats, batch)
+    torch.testing.assert_close(total_c, total_e, rtol=1e-6, atol=0)
+
+
 @pytest.mark.parametrize("compile_backend", ["aot_eager", "inductor"])
 def test_detection_loss_fullgraph_equals_eager(lib, compile_backend):
     try:

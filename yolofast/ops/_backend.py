@@ -6,13 +6,18 @@ Order of preference per device type (the first available wins under ``auto``):
 ``YOLOFAST_BACKEND_TAL_ASSIGN=ref``) for one op; the ``backend(name)`` context manager does the same
 in code and wins over the environment. A forced backend that is not available is an error that says
 why; ``auto`` falls back silently and ``yolofast info`` reports the choice and the reason.
+
+The public wrappers (``yolofast/ops/<op>.py``) dispatch with
+``implementation(op, backend_name(op, device_type))(*args)``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import threading
+from collections.abc import Callable
 
 import torch
 
@@ -100,6 +105,42 @@ def select_backend(op: str, device: torch.device | str) -> str:
         if availability(op, cand, device_type)[0]:
             return cand
     return "ref"
+
+
+@torch.compiler.assume_constant_result
+def backend_name(op: str, device_type: str) -> str:
+    """``select_backend(op, device_type)`` for the public wrappers.
+
+    Under torch.compile this runs once at trace time and the choice is baked into the graph (the
+    availability check takes a lock that dynamo cannot trace); in eager mode it runs on every call.
+    """
+    name = select_backend(op, device_type)
+    implementation(op, name)  # imports its module here, outside the code that dynamo traces
+    return name
+
+
+def implementation(op: str, name: str) -> Callable:
+    """The function that runs ``op`` on backend ``name`` (as returned by ``backend_name``), with the
+    signature of ``reference.<op>_ref``: ``reference.<op>_ref`` (ref), ``_library.<op>`` (cpp, cuda) or
+    ``yolofast.kernels.<op>.<op>`` (triton)."""
+    if op not in OPS or name not in BACKENDS:
+        raise ValueError(f"implementation: no op {op!r} on backend {name!r}; ops {OPS}, backends {BACKENDS}")
+    if name == "ref":
+        from yolofast.ops import reference
+
+        return getattr(reference, f"{op}_ref")
+    if name in ("cpp", "cuda"):
+        from yolofast.ops import _library
+
+        return getattr(_library, op)
+    # Each Triton module imports triton, so only the chosen op's is imported. Dynamo cannot trace
+    # importlib.import_module: under torch.compile backend_name (run outside the traced code) has imported
+    # it, and the package attribute is read live.
+    if not torch.compiler.is_compiling():
+        importlib.import_module(f"yolofast.kernels.{op}")
+    from yolofast import kernels
+
+    return getattr(getattr(kernels, op), op)
 
 
 def describe(device_type: str = "cpu") -> list[tuple[str, str, str]]:

@@ -39,6 +39,7 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -363,21 +364,34 @@ def _build_into(root, sources, build_dir: Path, with_cuda: bool, verbose: bool, 
     return None, excluded, "no sources left"
 
 
-def _build_or_load(force: bool, verbose: bool) -> BuildReport:
-    """The CPU extension: cached library, remembered failure, or a fresh build."""
-    root = csrc_dir()
-    if root is None:
-        why = "kernel sources csrc/cpu not found next to the yolofast package (wheels ship yolofast/csrc)"
-        return BuildReport(ok=False, reason=why)
-    sources = _cpu_sources(root)
-    if not sources:
-        return BuildReport(ok=False, reason=f"no C++ sources in {root / 'cpu'}")
-    flags = list(CPU_FLAGS)
-    key = _cache_key(sources, _headers(root), [*flags, "ld:", *LD_FLAGS])
+# kind -> (its name in messages, the command that retries a failed build, the line printed while it builds)
+_KINDS = {
+    "cpp": ("C++", "yolofast build", BUILD_MESSAGE),
+    "cuda": ("CUDA", "yolofast build --cuda", CUDA_BUILD_MESSAGE),
+}
+
+
+def _locked_build(
+    kind: str,
+    root: Path,
+    sources: list[Path],
+    key: str,
+    flags: list[str],
+    force: bool,
+    compile_into: Callable[[Path, Path], tuple[Path | None, dict, str]],
+    log_head: Callable[[], str],
+) -> BuildReport:
+    """The build sequence of the extension ``kind`` ("cpp" or "cuda"), under the cache entry's file lock:
+    the cached library (its OK marker), else a remembered failure (``FAILED-<compiler tag>``; ``force``
+    skips both), else a fresh build in ``cache_root()/key`` with its one-line message.
+
+    compile_into(build_dir, log) -> (library or None, {left-out source: first error line}, failure text);
+    it writes the log of a failure. log_head() is the first line of a success's log."""
+    label, retry, message = _KINDS[kind]
     build_dir = cache_root() / key
     log = build_dir / "build.log"
-    # A failure is remembered per compiler: installing one (or pointing CXX elsewhere) retries.
-    failed = build_dir / f"FAILED-{_compiler_tag()}"
+    # A failure is remembered per compiler: installing one (or pointing CXX / CUDA_HOME elsewhere) retries.
+    failed = build_dir / f"FAILED-{_nvcc_tag() if kind == 'cuda' else _compiler_tag()}"
     report = BuildReport(
         ok=False, build_dir=str(build_dir), log=str(log), flags=flags,
         sources=[str(s.relative_to(root)) for s in sources],
@@ -389,34 +403,52 @@ def _build_or_load(force: bool, verbose: bool) -> BuildReport:
             report.cached = True
         elif failed.exists() and not force:
             report.reason = (
-                f"the C++ build failed before ({failed.read_text().strip()}); see {log}; "
-                "fix it and run `yolofast build` to retry"
+                f"the {label} build failed before ({failed.read_text().strip()}); see {log}; "
+                f"fix it and run `{retry}` to retry"
             )
         else:
             build_dir.mkdir(parents=True, exist_ok=True)
             for marker in [build_dir / "OK", *build_dir.glob("FAILED-*")]:
                 marker.unlink(missing_ok=True)
-            print(BUILD_MESSAGE, file=sys.stderr, flush=True)
+            print(message, file=sys.stderr, flush=True)
             t0 = time.perf_counter()
-            lib, report.excluded, text = _build_into(root, sources, build_dir, False, verbose, log)
+            lib, report.excluded, text = compile_into(build_dir, log)
             if lib is None:
                 with contextlib.suppress(OSError):
                     failed.write_text(_summarise(text) + "\n")
-                report.reason = f"building the C++ kernels failed ({_summarise(text)}); full log: {log}"
+                report.reason = f"building the {label} kernels failed ({_summarise(text)}); full log: {log}"
             else:
                 report.seconds = time.perf_counter() - t0
-                if not report.excluded:
+                if not report.excluded:  # else the log keeps the left-out sources' errors
                     log.write_text(
-                        f"compiler: {_compiler_id()}\nflags: {' '.join(flags)}\n"
-                        f"built in {report.seconds:.1f} s\n"
+                        f"{log_head()}\nflags: {' '.join(flags)}\nbuilt in {report.seconds:.1f} s\n"
                     )
                 (build_dir / "OK").write_text(
                     json.dumps({"library": lib.name, "excluded": report.excluded}) + "\n"
                 )
         if not report.reason:
             report.library = str(lib)
-            report.ok = report.cpp = True
+            report.ok = True
+            setattr(report, kind, True)
     return report
+
+
+def _build_or_load(force: bool, verbose: bool) -> BuildReport:
+    """The CPU extension: cached library, remembered failure, or a fresh build."""
+    root = csrc_dir()
+    if root is None:
+        why = "kernel sources csrc/cpu not found next to the yolofast package (wheels ship yolofast/csrc)"
+        return BuildReport(ok=False, reason=why)
+    sources = _cpu_sources(root)
+    if not sources:
+        return BuildReport(ok=False, reason=f"no C++ sources in {root / 'cpu'}")
+    flags = list(CPU_FLAGS)
+    key = _cache_key(sources, _headers(root), [*flags, "ld:", *LD_FLAGS])
+    return _locked_build(
+        "cpp", root, sources, key, flags, force,
+        lambda build_dir, log: _build_into(root, sources, build_dir, False, verbose, log),
+        lambda: f"compiler: {_compiler_id()}",
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- cuda
@@ -476,6 +508,17 @@ def _compile_cuda(root: Path, sources, build_dir: Path, arch: str, verbose: bool
             os.environ["TORCH_CUDA_ARCH_LIST"] = prev
 
 
+def _build_cuda_into(root: Path, sources, build_dir: Path, arch: str, verbose: bool, log: Path):
+    """Compile the CUDA extension (all sources or nothing); returns (library or None, {}, failure text)."""
+    try:
+        return Path(_compile_cuda(root, sources, build_dir, arch, verbose)), {}, ""
+    except Exception as e:  # noqa: BLE001 - any failure means "no CUDA kernels"
+        text = f"{type(e).__name__}: {e}"
+        with contextlib.suppress(OSError):
+            log.write_text(f"nvcc: {shutil.which('nvcc', path=_nvcc_path())}\narch: {arch}\n\n{text}\n")
+        return None, {}, text
+
+
 def build_cuda_extension(force: bool = False, verbose: bool = False) -> BuildReport:
     """Builds (or finds cached) the CUDA extension; works with no GPU (CI, ``yolofast build --cuda``).
     The report's ``library`` is the .so to load. Note: torch's cpp_extension loads a library it has just
@@ -492,46 +535,11 @@ def build_cuda_extension(force: bool = False, verbose: bool = False) -> BuildRep
     arch = cuda_arch_list()
     flags = [*CUDA_HOST_FLAGS, "nvcc:", *CUDA_FLAGS, f"arch:{arch}"]
     key = "cuda-" + _cache_key(sources, _headers(root, "cuda"), flags)
-    build_dir = cache_root() / key
-    log = build_dir / "build.log"
-    failed = build_dir / f"FAILED-{_nvcc_tag()}"
-    report = BuildReport(
-        ok=False, build_dir=str(build_dir), log=str(log), flags=flags,
-        sources=[str(s.relative_to(root)) for s in sources],
+    return _locked_build(
+        "cuda", root, sources, key, flags, force,
+        lambda build_dir, log: _build_cuda_into(root, sources, build_dir, arch, verbose, log),
+        lambda: f"arch: {arch}",
     )
-    with _file_lock(cache_root() / f"{key}.lock"):
-        done = _read_ok(build_dir)
-        if done is not None and not force:
-            lib = done[0]
-            report.cached = True
-        elif failed.exists() and not force:
-            report.reason = (
-                f"the CUDA build failed before ({failed.read_text().strip()}); see {log}; "
-                "fix it and run `yolofast build --cuda` to retry"
-            )
-        else:
-            build_dir.mkdir(parents=True, exist_ok=True)
-            for marker in [build_dir / "OK", *build_dir.glob("FAILED-*")]:
-                marker.unlink(missing_ok=True)
-            print(CUDA_BUILD_MESSAGE, file=sys.stderr, flush=True)
-            t0 = time.perf_counter()
-            try:
-                lib = Path(_compile_cuda(root, sources, build_dir, arch, verbose))
-            except Exception as e:  # noqa: BLE001 - any failure means "no CUDA kernels"
-                text = f"{type(e).__name__}: {e}"
-                with contextlib.suppress(OSError):
-                    nvcc = shutil.which("nvcc", path=_nvcc_path())
-                    log.write_text(f"nvcc: {nvcc}\narch: {arch}\n\n{text}\n")
-                    failed.write_text(_summarise(text) + "\n")
-                report.reason = f"building the CUDA kernels failed ({_summarise(text)}); full log: {log}"
-            else:
-                report.seconds = time.perf_counter() - t0
-                log.write_text(f"arch: {arch}\nflags: {' '.join(flags)}\nbuilt in {report.seconds:.1f} s\n")
-                (build_dir / "OK").write_text(json.dumps({"library": lib.name, "excluded": {}}) + "\n")
-        if not report.reason:
-            report.library = str(lib)
-            report.ok = report.cuda = True
-    return report
 
 
 def _cuda_wanted() -> tuple[bool, str]:

@@ -2,7 +2,8 @@
 
 C++/CUDA sources only register kernels (``TORCH_LIBRARY_IMPL(yolofast, CPU|CUDA, m)``); here live the
 schemas, the fake (meta) implementations that let ``torch.compile(fullgraph=True)`` trace through the ops,
-the autograd formula of ``bbox_loss``, its autocast rule (fp32) and the Python callables that the public
+the autograd registration of ``bbox_loss`` (its formula, shared with the Triton op, is in
+``_bbox_loss_grad.py``), its autocast rule (fp32) and the Python callables that the public
 wrappers (``yolofast/ops/<op>.py``) call when the backend is "cpp" or "cuda".
 
 Ops (tensor shapes as in ``reference.py``):
@@ -24,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from yolofast.ops import _build
+from yolofast.ops import _bbox_loss_grad, _build
 
 NAMESPACE = "yolofast"
 _lib = torch.library.Library(NAMESPACE, "DEF")
@@ -79,32 +80,9 @@ def _ema_update_fake(ema, model, decay):
 
 
 # ------------------------------------------------------------------------------------------------ autograd
-def _bbox_loss_setup(ctx, inputs, output):
-    pred_dist, pred_scores = inputs[0], inputs[1]
-    _, gd_box, gd_dfl, gs, inv_s = output
-    ctx.save_for_backward(gd_box, gd_dfl, gs, inv_s)
-    ctx.dtypes = (pred_dist.dtype, pred_scores.dtype)
-    ctx.mark_non_differentiable(gd_box, gd_dfl, gs, inv_s)
-    # Otherwise autograd hands backward zero-filled grads for those 4 outputs: 55 MB of memset per step.
-    ctx.set_materialize_grads(False)
-
-
-def _bbox_loss_backward(ctx, g_losses, *_unused):
-    gd_box, gd_dfl, gs, inv_s = ctx.saved_tensors
-    if g_losses is None:
-        return (None,) * 6
-    c = g_losses.to(inv_s.dtype) * inv_s  # (3,): the incoming grads over S
-    grad_dist = grad_scores = None
-    if ctx.needs_input_grad[0]:
-        # One fresh (B, A, 4R) buffer, not two: at B=8 each costs ~17 MB of first-touch page faults.
-        grad_dist = (gd_box * c[0]).addcmul_(gd_dfl, c[2]).to(ctx.dtypes[0])
-    if ctx.needs_input_grad[1]:
-        grad_scores = (gs * c[1]).to(ctx.dtypes[1])
-    return grad_dist, grad_scores, None, None, None, None
-
-
+# The formula is shared with the Triton op (yolofast/kernels/bbox_loss.py): _bbox_loss_grad.py.
 torch.library.register_autograd(
-    "yolofast::bbox_loss", _bbox_loss_backward, setup_context=_bbox_loss_setup, lib=_lib
+    "yolofast::bbox_loss", _bbox_loss_grad.backward, setup_context=_bbox_loss_grad.setup_context, lib=_lib
 )
 
 

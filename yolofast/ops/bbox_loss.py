@@ -4,15 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from yolofast.ops import reference
-from yolofast.ops._backend import select_backend
-
-
-@torch.compiler.assume_constant_result
-def _backend_name(device_type: str) -> str:
-    # Under torch.compile this runs once at trace time and the choice is baked into the graph (the
-    # availability check takes a lock that dynamo cannot trace); in eager mode it runs on every call.
-    return select_backend("bbox_loss", device_type)
+from yolofast.ops._backend import backend_name, implementation
 
 
 def bbox_loss(
@@ -27,14 +19,5 @@ def bbox_loss(
 
     Shapes and semantics in ``reference.bbox_loss_ref``; targets are in grid units (pixels / stride).
     """
-    args = (pred_dist, pred_scores, anchor_points, target_bboxes, target_scores, fg_mask)
-    name = _backend_name(pred_dist.device.type)
-    if name == "ref":
-        return reference.bbox_loss_ref(*args)
-    if name in ("cpp", "cuda"):
-        from yolofast.ops import _library
-
-        return _library.bbox_loss(*args)
-    from yolofast.kernels.bbox_loss import bbox_loss as triton_bbox_loss
-
-    return triton_bbox_loss(*args)
+    impl = implementation("bbox_loss", backend_name("bbox_loss", pred_dist.device.type))
+    return impl(pred_dist, pred_scores, anchor_points, target_bboxes, target_scores, fg_mask)

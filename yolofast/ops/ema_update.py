@@ -4,15 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from yolofast.ops import reference
-from yolofast.ops._backend import select_backend
-
-
-@torch.compiler.assume_constant_result
-def _backend_name(device_type: str) -> str:
-    # Under torch.compile this runs once at trace time and the choice is baked into the graph (the
-    # availability check takes a lock that dynamo cannot trace); in eager mode it runs on every call.
-    return select_backend("ema_update", device_type)
+from yolofast.ops._backend import backend_name, implementation
 
 
 def ema_update(ema: torch.Tensor, model: torch.Tensor, decay) -> None:
@@ -20,13 +12,4 @@ def ema_update(ema: torch.Tensor, model: torch.Tensor, decay) -> None:
 
     Semantics (torch.lerp with weight 1 - d) in ``reference.ema_update_ref``.
     """
-    name = _backend_name(ema.device.type)
-    if name == "ref":
-        return reference.ema_update_ref(ema, model, decay)
-    if name in ("cpp", "cuda"):
-        from yolofast.ops import _library
-
-        return _library.ema_update(ema, model, decay)
-    from yolofast.kernels.ema_update import ema_update as triton_ema_update
-
-    return triton_ema_update(ema, model, decay)
+    return implementation("ema_update", backend_name("ema_update", ema.device.type))(ema, model, decay)

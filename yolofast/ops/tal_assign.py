@@ -4,15 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from yolofast.ops import reference
-from yolofast.ops._backend import select_backend
-
-
-@torch.compiler.assume_constant_result
-def _backend_name(device_type: str) -> str:
-    # Under torch.compile this runs once at trace time and the choice is baked into the graph (the
-    # availability check takes a lock that dynamo cannot trace); in eager mode it runs on every call.
-    return select_backend("tal_assign", device_type)
+from yolofast.ops._backend import backend_name, implementation
 
 
 def tal_assign(
@@ -32,14 +24,5 @@ def tal_assign(
     Returns (target_labels (B,A) int64, target_bboxes (B,A,4), target_scores (B,A,C), fg_mask (B,A) bool,
     target_gt_idx (B,A) int64).
     """
-    args = (pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, alpha, beta, eps)
-    name = _backend_name(pd_scores.device.type)
-    if name == "ref":
-        return reference.tal_assign_ref(*args)
-    if name in ("cpp", "cuda"):
-        from yolofast.ops import _library
-
-        return _library.tal_assign(*args)
-    from yolofast.kernels.tal_assign import tal_assign as triton_tal_assign
-
-    return triton_tal_assign(*args)
+    impl = implementation("tal_assign", backend_name("tal_assign", pd_scores.device.type))
+    return impl(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, alpha, beta, eps)
