@@ -8,7 +8,13 @@ import logging
 import pytest
 import torch
 
-from yolofast.engine.cudagraph import ShapeMismatch, capture_train_step
+from yolofast.engine.cudagraph import (
+    ShapeMismatch,
+    capture_train_step,
+    graph_blockers,
+    optimizer_kwargs,
+    pad_gt,
+)
 from yolofast.engine.ema import ModelEMA
 from yolofast.loss import DetectionLoss
 from yolofast.nn import YOLOV8, build_model
@@ -38,6 +44,8 @@ def _batch(seed, dev, B=4, M=16, n=6):
 
 @pytest.mark.cuda
 def test_replay_equals_eager():
+    """Batches 0, 1, 2 through the captured step (capture on batch 0; its warm-up steps are undone) give the
+    eager losses and EMA of the same three steps; another batch shape is refused."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     dev = torch.device("cuda")
@@ -47,18 +55,19 @@ def test_replay_equals_eager():
     for graph in (False, True):
         model = copy.deepcopy(base)
         lr = torch.tensor(0.01, device=dev)  # a tensor: a float lr would be frozen into the graph
-        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True)
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True,
+                              **optimizer_kwargs("sgd"))
         ema, crit = ModelEMA(model), DetectionLoss(3)
         losses = []
         if graph:
-            step = capture_train_step(model, crit, opt, ema, _batch(0, dev))  # 3 warm-up steps on batch 0
+            step = capture_train_step(model, crit, opt, ema, _batch(0, dev))
             assert step is not None
-            for s in (1, 2):
+            for s in (0, 1, 2):
                 losses.append(step(_batch(s, dev))[0].item())
             with pytest.raises(ShapeMismatch):
                 step(_batch(3, dev, B=2))
         else:
-            for s in (0, 0, 0, 1, 2):
+            for s in (0, 1, 2):
                 loss, _ = crit(model(_batch(s, dev)["img"]), _batch(s, dev))
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
@@ -66,7 +75,57 @@ def test_replay_equals_eager():
                 opt.zero_grad()
                 ema.update(model)
                 losses.append(loss.item())
-            losses = losses[3:]
         runs.append((losses, torch.cat([p.detach().flatten() for p in ema.ema.parameters()])))
     torch.testing.assert_close(torch.tensor(runs[1][0]), torch.tensor(runs[0][0]), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(runs[1][1], runs[0][1], rtol=1e-5, atol=1e-6)
+
+
+def test_pad_gt_and_blockers():
+    b = _batch(0, "cpu", B=2, M=16)
+    wide = pad_gt(b, 48)
+    assert wide["gt_bboxes"].shape == (2, 48, 4) and wide["gt_mask"][:, 16:].sum() == 0
+    assert torch.equal(wide["gt_cls"][:, :16], b["gt_cls"]) and pad_gt(b, 16) is b and pad_gt(b, 8) is None
+    why = graph_blockers("cpu", compile_enabled=True, distributed=True, accumulate=4, scaler_enabled=True)
+    assert len(why) == 5 and "nbs <= batch" in why[3]
+    assert graph_blockers("cuda", False, False, 1, False) == []
+    assert optimizer_kwargs("sgd") == {"fused": True} and optimizer_kwargs("AdamW") == {"capturable": True}
+
+
+def test_trainer_cuda_graph_on_cpu_warns_and_trains_eagerly(tmp_path):
+    from yolofast import Trainer
+    from yolofast.data import make_shapes
+
+    data = make_shapes(root=tmp_path, n_train=4, n_val=2, imgsz=64)
+    with pytest.warns(UserWarning, match="cuda_graph=True but not a CUDA run"):
+        t = Trainer(model=TINY, data=data, imgsz=64, batch=2, nbs=2, epochs=1, workers=0, verbose=False,
+                    plots=False, cuda_graph=True, project=tmp_path)
+        t.train()
+    assert t.graph is None and torch.isfinite(t.tloss).all()
+    torch.use_deterministic_algorithms(False)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("optimizer", ["SGD", "AdamW"])
+def test_trainer_graph_run_equals_eager_run(tmp_path, optimizer):
+    """Two epochs of the real trainer, eager vs cuda_graph=True (same seed, same data): the per-epoch losses
+    and the final EMA agree, and the graph really replayed."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from yolofast import Trainer
+    from yolofast.data import make_shapes
+
+    data = make_shapes(root=tmp_path, n_train=16, n_val=4, imgsz=128)
+    out = []
+    for graph in (False, True):
+        t = Trainer(model=TINY, data=data, imgsz=128, batch=4, nbs=4, epochs=2, workers=0, verbose=False,
+                    plots=False, val=False, optimizer=optimizer, lr0=0.002, warmup_epochs=0.5, device=0,
+                    cuda_graph=graph, project=tmp_path, name=f"g{int(graph)}")
+        losses = []
+        t.add_callback("on_train_epoch_end", lambda tr, losses=losses: losses.append(tr.tloss.clone()))
+        t.train()
+        if graph:
+            assert t.graph is not None and t.graph.off is None and t.graph.replays >= 4
+        out.append((torch.stack(losses), torch.cat([p.flatten() for p in t.ema.ema.parameters()]).cpu()))
+    torch.use_deterministic_algorithms(False)
+    torch.testing.assert_close(out[1][0], out[0][0], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out[1][1], out[0][1], rtol=1e-4, atol=1e-5)

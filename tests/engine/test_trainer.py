@@ -12,7 +12,7 @@ from yolofast import YOLO, Trainer
 from yolofast.cfg import CfgError
 from yolofast.data import DataError, build_dataloader, build_dataset, check_data, make_shapes
 from yolofast.engine.checkpoint import load_checkpoint, save_checkpoint
-from yolofast.engine.trainer import RESULTS_COLUMNS
+from yolofast.engine.trainer import RESULTS_COLUMNS, cpu_has_native_bf16
 from yolofast.loss import DetectionLoss
 from yolofast.nn import YOLOV8, build_model
 
@@ -40,8 +40,10 @@ def _rows(path):
         return list(csv.DictReader(f))
 
 
-def test_overfit_one_batch(tmp_path):
-    """100 Adam steps on one fixed batch of 4 shapes images (yolov8n, 128 px): the loss falls >= 80 %."""
+@pytest.mark.parametrize("precision", ["fp32", "bf16_channels_last"])
+def test_overfit_one_batch(tmp_path, precision):
+    """100 Adam steps on one fixed batch of 4 shapes images (yolov8n, 128 px): the loss falls >= 80 %, in
+    fp32 and in the CPU default where the CPU has native bf16 (bf16 autocast, channels_last, fp32 loss)."""
     d = check_data(make_shapes(root=tmp_path, n_train=4, n_val=1, imgsz=128))
     ds = build_dataset(d["train"], imgsz=128, augment=False, nc=d["nc"])
     batch = next(iter(build_dataloader(ds, 4, 0, shuffle=False)))
@@ -49,9 +51,15 @@ def test_overfit_one_batch(tmp_path):
     crit = DetectionLoss(model.nc)
     opt = torch.optim.Adam(model.parameters(), lr=0.002)
     img = batch["img"].float() / 255
+    bf16 = precision != "fp32"
+    if bf16:
+        model.to(memory_format=torch.channels_last)
+        img = img.contiguous(memory_format=torch.channels_last)
     losses = []
     for _ in range(100):
-        loss, _ = crit(model(img), batch)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            feats = model(img)
+        loss, _ = crit([f.float() for f in feats], batch)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -284,6 +292,17 @@ def test_one_epoch_coco128(coco128_yaml, tmp_path):
     assert 0.0 <= metrics["metrics/mAP50-95(B)"] <= 1.0
 
 
+def test_cpu_precision_defaults(shapes, tmp_path):
+    """amp=True (the default) is bf16 on CPUs with native bf16 and fp32 elsewhere; NHWC either way."""
+    t = Trainer(data=shapes, epochs=1, project=tmp_path, **FAST)
+    t._setup_train()
+    assert t.amp_dtype is (torch.bfloat16 if cpu_has_native_bf16() else None)
+    assert t.channels_last and next(t.model.parameters()).is_contiguous(memory_format=torch.channels_last)
+    off = Trainer(data=shapes, epochs=1, amp=False, project=tmp_path, **FAST)
+    off._setup_train()
+    assert off.amp_dtype is None and not off.scaler.is_enabled()
+
+
 def test_cpu_bf16_autocast_and_amp_errors(shapes, tmp_path):
     t = Trainer(data=shapes, epochs=1, amp="bf16", project=tmp_path, **FAST)
     metrics = t.train()
@@ -292,3 +311,10 @@ def test_cpu_bf16_autocast_and_amp_errors(shapes, tmp_path):
     assert all(p.dtype == torch.float32 for p in t.model.parameters())  # fp32 master weights
     with pytest.raises(CfgError, match="fp16.*CUDA"):
         Trainer(data=shapes, epochs=1, amp="fp16", project=tmp_path, **FAST).train()
+
+
+def test_sync_bn_needs_ddp_on_cuda(shapes, tmp_path):
+    t = Trainer(data=shapes, epochs=1, sync_bn=True, project=tmp_path, **FAST)
+    with pytest.warns(UserWarning, match="sync_bn=True needs DDP on CUDA"):
+        t._setup_train()
+    assert not any(isinstance(m, torch.nn.SyncBatchNorm) for m in t.model.modules())

@@ -67,6 +67,8 @@ def _check_value(key: str, value):
     default = DEFAULTS[key]
     if key in _FREE or default is None:
         return value
+    if key == "batch" and isinstance(value, float) and 0 < value < 1:
+        return value  # AutoBatch: the fraction of GPU memory to fill (batch=-1 uses 0.60)
     if isinstance(default, bool):
         if not isinstance(value, bool):
             raise CfgError(f"{key}={value!r} must be True or False")

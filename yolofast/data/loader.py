@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 
@@ -13,7 +14,34 @@ from torch.utils.data import DataLoader, DistributedSampler, get_worker_info
 from yolofast.data.collate import collate_fn
 from yolofast.data.dataset import YOLODataset
 
-__all__ = ["build_dataset", "build_dataloader", "seed_worker"]
+__all__ = ["build_dataset", "build_dataloader", "seed_worker", "EpochSampler"]
+
+
+class EpochSampler(DistributedSampler):
+    """The training order: a pure function of (seed, epoch, rank), also for a single process, so a resumed
+    run and a run that changed its batch size mid-epoch (out-of-memory halving) see the same images.
+
+    ``start_at(epoch, n)`` skips the first ``n`` samples of that epoch's order (the ones already trained
+    on); the next ``set_epoch`` starts from the beginning again.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.start = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        self.start = 0
+
+    def start_at(self, epoch: int, n: int) -> None:
+        super().set_epoch(epoch)
+        self.start = max(0, min(int(n), self.num_samples))
+
+    def __iter__(self):
+        return itertools.islice(super().__iter__(), self.start, None)
+
+    def __len__(self) -> int:
+        return self.num_samples - self.start
 
 
 def build_dataset(img_path, imgsz=640, augment=True, hyp=None, stride=32, cache=False, prefix="", nc=None):
@@ -35,7 +63,8 @@ def seed_worker(worker_id: int) -> None:
 
 
 def build_dataloader(dataset, batch, workers, shuffle, rank=-1, seed=0, drop_last=False):
-    """DataLoader with collate_fn; DistributedSampler when rank != -1 (call sampler.set_epoch each epoch).
+    """DataLoader with collate_fn; an EpochSampler when shuffling or rank != -1 (call sampler.set_epoch
+    each epoch: the order is seeded by seed + epoch).
 
     workers is capped at os.cpu_count(); workers > 0 are persistent (no re-fork per epoch);
     pin_memory only with CUDA. With workers == 0 the dataset's generator is reseeded from seed here.
@@ -45,11 +74,13 @@ def build_dataloader(dataset, batch, workers, shuffle, rank=-1, seed=0, drop_las
     if rank != -1:
         dist = torch.distributed
         if dist.is_available() and dist.is_initialized():
-            sampler = DistributedSampler(dataset, shuffle=shuffle, seed=seed, drop_last=drop_last)
+            sampler = EpochSampler(dataset, shuffle=shuffle, seed=seed, drop_last=drop_last)
         else:
             world = int(os.environ.get("WORLD_SIZE", 1))
-            sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=shuffle, seed=seed,
-                                         drop_last=drop_last)
+            sampler = EpochSampler(dataset, num_replicas=world, rank=rank, shuffle=shuffle, seed=seed,
+                                   drop_last=drop_last)
+    elif shuffle:
+        sampler = EpochSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=seed, drop_last=drop_last)
     generator = torch.Generator()
     generator.manual_seed(seed + max(rank, 0))  # different augmentation streams per rank
     if nw == 0 and hasattr(dataset, "reseed"):
@@ -57,7 +88,6 @@ def build_dataloader(dataset, batch, workers, shuffle, rank=-1, seed=0, drop_las
     return DataLoader(
         dataset,
         batch_size=batch,
-        shuffle=shuffle and sampler is None,
         sampler=sampler,
         num_workers=nw,
         pin_memory=torch.cuda.is_available(),

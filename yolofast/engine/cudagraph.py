@@ -9,21 +9,27 @@ Static shapes are required: the image batch (B, 3, H, W) and the padded GT (B, M
 captured ones (``data.collate.pad_targets`` buckets Mp to a multiple of 16; pad to the run's max bucket and
 use ``drop_last`` so the last batch has B images). A batch of another shape raises ``ShapeMismatch`` so the
 caller can fall back to eager for it. The optimizer must keep its state on the GPU and take tensor lrs
-(SGD, or Adam/AdamW with ``capturable=True``); the loss must be the same every ``accumulate`` = 1 step
-(no gradient accumulation inside a graph). The ``warmup`` iterations before capture are real training
-steps on the example batch (3 by default).
+(``fused=True`` SGD, or Adam-type with ``capturable=True``: ``optimizer_kwargs``); the loss must step every
+batch (accumulate = 1: no gradient accumulation inside a graph). The ``warmup`` iterations before capture
+(lazy allocations must not happen inside it) run on the example batch and are then undone: model, optimizer
+and EMA are put back, so the example batch is trained on exactly once, by the first replay.
 
-Not wired into the trainer yet (``cuda_graph`` is not a recipe key); written and tested on GPU only
-(tests/engine/test_cudagraph.py, marked ``cuda``).
+In the trainer (``cuda_graph=True``): ``GraphedTrainStep`` captures at the first batch after the lr/momentum
+warmup (momentum is a constant inside the graph), replays it for every batch of the captured shape and lets
+the trainer run the eager step for the others (the short last batch, more GT than the bucket) and for
+everything after a capture failure or a non-finite loss. ``graph_blockers`` lists what rules a graph out.
+Tested on GPU only (tests/engine/test_cudagraph.py, marked ``cuda``, run by benchmarks/gpu_check.sh).
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 
 import torch
 
-__all__ = ["CudaGraphStep", "ShapeMismatch", "capture_train_step"]
+__all__ = ["CudaGraphStep", "GraphedTrainStep", "ShapeMismatch", "capture_train_step", "graph_blockers",
+           "optimizer_kwargs", "pad_gt"]
 
 LOG = logging.getLogger("yolofast")
 _KEYS = ("img", "gt_cls", "gt_bboxes", "gt_mask")
@@ -31,6 +37,18 @@ _KEYS = ("img", "gt_cls", "gt_bboxes", "gt_mask")
 
 class ShapeMismatch(ValueError):
     """A batch whose tensors differ in shape/dtype from the captured ones."""
+
+
+def _state(model, optimizer, ema) -> dict:
+    return {"model": copy.deepcopy(model.state_dict()), "optimizer": copy.deepcopy(optimizer.state_dict()),
+            "ema": copy.deepcopy(ema.state_dict()) if ema is not None else None}
+
+
+def _load_state(saved: dict, model, optimizer, ema) -> None:
+    model.load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"])
+    if ema is not None:
+        ema.load_state_dict(saved["ema"])
 
 
 class CudaGraphStep:
@@ -44,12 +62,15 @@ class CudaGraphStep:
         self.graph = torch.cuda.CUDAGraph()
         # Warm up on a side stream: lazy allocations (optimizer state, cuBLAS workspaces, autotuning) must
         # happen before capture, or the capture records a one-off path.
+        saved = _state(model, optimizer, ema)
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
             for _ in range(warmup):
                 self._iteration()
         torch.cuda.current_stream().wait_stream(s)
+        _load_state(saved, model, optimizer, ema)  # undo the warm-up steps: they were not training
+        del saved
         self.optimizer.zero_grad(set_to_none=False)  # grads stay allocated: the graph writes into them
         with torch.cuda.graph(self.graph):
             self.loss, self.items = self._iteration()
@@ -97,3 +118,84 @@ def capture_train_step(model, loss_fn, optimizer, ema, example: dict, amp_dtype=
         LOG.warning("cuda_graph: capture failed (%s: %s); using the eager step", type(e).__name__, e)
         torch.cuda.synchronize()
         return None
+
+
+def optimizer_kwargs(name: str) -> dict:
+    """Constructor arguments that make ``name``'s step capturable with a tensor lr (no host sync)."""
+    key = name.lower()
+    if key == "sgd":
+        return {"fused": True}  # the foreach SGD reads a tensor lr with .item(), which capture forbids
+    if key in ("adam", "adamw", "nadam", "radam", "rmsprop"):
+        return {"capturable": True}
+    return {}
+
+
+def graph_blockers(device, compile_enabled: bool, distributed: bool, accumulate: int, scaler_enabled: bool):
+    """Why a CUDA graph cannot run this training (empty: it can)."""
+    why = []
+    if torch.device(device).type != "cuda":
+        why.append("not a CUDA run")
+    if compile_enabled:
+        why.append("compile is on (use compile='reduce-overhead' for torch.compile's own CUDA graphs)")
+    if distributed:
+        why.append("DDP (its all-reduce hooks are not captured here)")
+    if accumulate != 1:
+        why.append(f"gradient accumulation (accumulate={accumulate}: set nbs <= batch)")
+    if scaler_enabled:
+        why.append("fp16 GradScaler (its inf check syncs with the host; bf16 needs none)")
+    return why
+
+
+def pad_gt(batch: dict, m: int) -> dict | None:
+    """The batch with its padded GT (B, Mp, .) widened to exactly ``m`` rows, or None when Mp > m."""
+    mp = batch["gt_mask"].shape[1]
+    if mp > m:
+        return None
+    if mp == m:
+        return batch
+    out = dict(batch)
+    for k in ("gt_cls", "gt_bboxes", "gt_mask"):
+        t = batch[k]
+        out[k] = torch.cat([t, t.new_zeros(t.shape[0], m - mp, t.shape[2])], 1)
+    return out
+
+
+class GraphedTrainStep:
+    """The trainer's CUDA-graph step: ``step(batch) -> (loss, items)``, or None when this batch must run
+    eagerly (other shape, too many GT, capture failed or graphs were turned off)."""
+
+    def __init__(self, model, loss_fn, optimizer, ema, amp_dtype, gt_bucket: int):
+        self.model, self.loss_fn, self.optimizer, self.ema = model, loss_fn, optimizer, ema
+        self.amp_dtype, self.m = amp_dtype, int(gt_bucket)
+        self.step: CudaGraphStep | None = None
+        self.off = None  # the reason graphs were turned off, once they are
+        self.replays = self.eager = 0
+
+    def disable(self, reason: str) -> None:
+        if self.off is None:
+            LOG.warning("cuda_graph: %s; the eager step runs from here on", reason)
+        self.off, self.step = reason, None
+
+    def __call__(self, batch: dict):
+        if self.off is not None:
+            return None
+        b = pad_gt(batch, self.m)
+        if b is None:
+            self.eager += 1
+            return None
+        if self.step is None:
+            for g in self.optimizer.param_groups:  # a float lr would be frozen into the graph
+                if not torch.is_tensor(g["lr"]):
+                    g["lr"] = torch.tensor(float(g["lr"]), device=b["img"].device)
+            self.step = capture_train_step(self.model, self.loss_fn, self.optimizer, self.ema, b,
+                                           self.amp_dtype)
+            if self.step is None:
+                self.disable("capture failed (reason above)")
+                return None
+        try:
+            out = self.step(b)
+        except ShapeMismatch:
+            self.eager += 1
+            return None
+        self.replays += 1
+        return out

@@ -57,24 +57,26 @@ def auto_optimizer(iterations: int, nc: int) -> tuple[str, float, float]:
 
 
 def build_optimizer(model: nn.Module, name: str = "auto", lr: float = 0.01, momentum: float = 0.937,
-                    decay: float = 5e-4, iterations: int = 100_000, nc: int = 80):
+                    decay: float = 5e-4, iterations: int = 100_000, nc: int = 80, extra=None):
     """The optimizer over the three groups of ``param_groups``; returns (optimizer, name, lr, momentum).
 
     ``decay`` is the already scaled weight decay. Adam-type optimizers use betas (momentum, 0.999); SGD uses
-    Nesterov momentum. ``name="auto"`` follows ``auto_optimizer``.
+    Nesterov momentum. ``name="auto"`` follows ``auto_optimizer``. ``extra(name) -> dict`` adds constructor
+    arguments for the chosen optimizer (CUDA graphs: ``cudagraph.optimizer_kwargs``).
     """
     if name == "auto":
         name, lr, momentum = auto_optimizer(iterations, nc)
     bias, weights, norms = param_groups(model)
     key = name.lower()
+    kw = extra(key) if extra is not None else {}
     if key in ("adam", "adamw", "nadam", "radam"):
         cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "nadam": torch.optim.NAdam,
                "radam": torch.optim.RAdam}[key]
-        opt = cls(bias, lr=lr, betas=(momentum, 0.999), weight_decay=0.0)
+        opt = cls(bias, lr=lr, betas=(momentum, 0.999), weight_decay=0.0, **kw)
     elif key == "rmsprop":
-        opt = torch.optim.RMSprop(bias, lr=lr, momentum=momentum)
+        opt = torch.optim.RMSprop(bias, lr=lr, momentum=momentum, **kw)
     elif key == "sgd":
-        opt = torch.optim.SGD(bias, lr=lr, momentum=momentum, nesterov=True)
+        opt = torch.optim.SGD(bias, lr=lr, momentum=momentum, nesterov=True, **kw)
     else:
         raise ValueError(f"optimizer={name!r} is not supported; choose one of {', '.join(OPTIMIZERS)}")
     opt.add_param_group({"params": weights, "weight_decay": decay})
@@ -107,3 +109,11 @@ def warmup_values(ni: int, nw: int, *, lr_targets, bias_lr0: float, momentum0: f
     mom = float(np.interp(ni, xi, [momentum0, momentum]))
     acc = max(1, int(np.interp(ni, xi, [1, nbs / batch]).round()))
     return lrs, mom, acc
+
+
+def set_group_value(group: dict, key: str, value: float) -> None:
+    """``group[key] = value``, in place when it is a tensor (a CUDA graph reads that tensor's memory)."""
+    if torch.is_tensor(group[key]):
+        group[key].fill_(value)
+    else:
+        group[key] = value

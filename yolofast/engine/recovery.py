@@ -105,6 +105,11 @@ class NonFiniteGuard:
         t.optimizer.load_state_dict(copy.deepcopy(s["optimizer"]))
         t.scaler.load_state_dict(copy.deepcopy(s["scaler"]))
         t.optimizer.zero_grad(set_to_none=True)
+        if getattr(t, "graph", None) is not None:  # the load replaced the tensors a captured step points at
+            t.graph.disable("the last good state was restored")
+        for g in t.optimizer.param_groups:  # the snapshot's tensor lrs are CPU copies
+            if torch.is_tensor(g.get("lr")):
+                g["lr"] = float(g["lr"])
         self.restores += 1
         self.streak = 0
 
@@ -113,3 +118,41 @@ class NonFiniteGuard:
         if last is not None and Path(last).is_file():
             return str(last)
         return "none written yet (the start of training)"
+
+
+class OutOfMemoryHalving:
+    """Out of memory in a train step -> the batch is halved, the loader rebuilt and the epoch goes on from
+    the batch that failed (its images are trained on at the new size): at most ``max_halvings`` (3) times a
+    run, then an error naming the batch size that still failed.
+
+    ``trainer`` needs ``batch_size``, ``optimizer``, ``device``, ``log`` and ``rebuild_train_loader(batch,
+    epoch, skip)``. Under DDP every rank would have to agree on the new size before its next all-reduce, so
+    there the error is raised at once with the batch to use instead.
+    """
+
+    def __init__(self, trainer, max_halvings: int = 3):
+        self.trainer, self.max_halvings = trainer, max_halvings
+        self.halvings = 0
+
+    def halve(self, err: BaseException, epoch: int, step: int) -> int:
+        """Handle ``err`` raised in step ``step`` of ``epoch``; returns the step index to go on from."""
+        t = self.trainer
+        old = t.batch_size
+        where = f"at epoch {epoch + 1} step {step}"
+        if dist.is_available() and dist.is_initialized():
+            raise torch.OutOfMemoryError(
+                f"out of memory {where} with batch {old} per rank under DDP (halving is single-process "
+                f"only); restart with batch={old * dist.get_world_size() // 2}") from err
+        if self.halvings >= self.max_halvings or old < 2:
+            raise torch.OutOfMemoryError(
+                f"out of memory {where} with batch={old} after {self.halvings} halving(s); use a smaller "
+                f"batch or imgsz, amp=True, or a larger device") from err
+        # The step's gradients may be half-written (backward died part-way): drop them, and with them the
+        # at most `accumulate - 1` batches accumulated before it.
+        t.optimizer.zero_grad(set_to_none=True)
+        self.halvings += 1
+        new = old // 2
+        warnings.warn(f"out of memory {where} with batch={old}: halving to batch={new} ({self.halvings}/"
+                      f"{self.max_halvings}); the epoch goes on from image {step * old}", stacklevel=2)
+        t.rebuild_train_loader(new, epoch, skip=step * old)
+        return step * old // new

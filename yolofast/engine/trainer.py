@@ -36,6 +36,7 @@ import math
 import os
 import random
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -44,12 +45,13 @@ import yaml
 from torch import nn
 from tqdm import tqdm
 
-from yolofast.cfg import CfgError, get_cfg
+from yolofast.cfg import DEFAULTS, CfgError, get_cfg
 from yolofast.engine import checkpoint as ckpt_io
 from yolofast.engine import optim
-from yolofast.engine.autobatch import MEMORY_COLUMNS, memory_usage
+from yolofast.engine.autobatch import MEMORY_COLUMNS, autobatch, autobatch_gt, memory_usage, resolve_batch
 from yolofast.engine.callbacks import Callbacks
-from yolofast.engine.compile import train_step_modules
+from yolofast.engine.compile import compile_mode, train_step_modules
+from yolofast.engine.cudagraph import GraphedTrainStep, graph_blockers, optimizer_kwargs
 from yolofast.engine.distributed import (
     broadcast_flag,
     destroy_distributed,
@@ -60,7 +62,7 @@ from yolofast.engine.distributed import (
     rank0_broadcast,
     unwrap_model,
 )
-from yolofast.engine.recovery import NonFiniteGuard
+from yolofast.engine.recovery import NonFiniteGuard, OutOfMemoryHalving
 from yolofast.engine.validate_args import validate_args
 
 __all__ = ["Trainer", "RESULTS_COLUMNS", "select_device", "increment_path", "init_seeds"]
@@ -119,6 +121,16 @@ def init_seeds(seed: int = 0, deterministic: bool = True) -> None:
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
+
+
+def cpu_has_native_bf16() -> bool:
+    """True on x86 CPUs with AVX512-BF16 or AMX-BF16 (Linux /proc/cpuinfo flags) that oneDNN uses."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return bool({"avx512_bf16", "amx_bf16"} & set(flags)) and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def _memory_gb(device: torch.device) -> float:
@@ -182,8 +194,10 @@ class Trainer:
         if self.args.split not in self.data:
             raise CfgError(f"split={self.args.split!r} but the data has no such split "
                            f"(it has {', '.join(k for k in ('train', 'val', 'test') if k in self.data)})")
-        if self.args.batch < 1:
-            raise CfgError(f"batch={self.args.batch}: must be >= 1 (AutoBatch, batch=-1, is not implemented)")
+        try:
+            resolve_batch(self.args.batch)
+        except ValueError as e:
+            raise CfgError(str(e)) from None
         if self.resume_ckpt is not None:
             self.save_dir = Path(self.resume_ckpt).parent.parent
         else:
@@ -310,9 +324,12 @@ class Trainer:
         self._resume_state = ckpt
 
     def _setup_amp(self) -> None:
-        """bf16 autocast where supported (no scaler), fp16 + GradScaler on older GPUs, fp32 when off.
+        """bf16 autocast where the hardware does bf16 natively (no scaler), fp16 + GradScaler on older GPUs,
+        fp32 otherwise or when ``amp=False``.
 
-        On CPU amp stays off unless amp="bf16": CPU autocast is slower than fp32 on most CPUs.
+        CPU: amp=True means bf16 only on CPUs with native bf16 (AVX512-BF16 or AMX). There, the whole yolov8n
+        step at 320 px batch 16 ran 1.9x faster than fp32 (34.0 vs 18.2 images/s, 2 threads,
+        benchmarks/bench_train_step.py); CPUs without it emulate bf16 and are slower than fp32.
         """
         a, dev = self.args.amp, self.device.type
         want = str(a).lower() if not isinstance(a, bool) else ("auto" if a else "off")
@@ -321,7 +338,7 @@ class Trainer:
         dtype = None
         if dev == "cuda" and want in ("auto", "true"):
             dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        elif want == "bf16":
+        elif want == "bf16" or (dev == "cpu" and want in ("auto", "true") and cpu_has_native_bf16()):
             dtype = torch.bfloat16
         elif want == "fp16":
             if dev != "cuda":
@@ -351,18 +368,33 @@ class Trainer:
             src = self._model_obj if self._model_obj is not None else a.model
         self.model = self.get_model(src).to(self.device)
         self._setup_amp()
-        # NHWC lets oneDNN/cuDNN pick their fast conv kernels (measured 1.3x on this CPU with bf16).
-        self.channels_last = self.device.type == "cuda" or self.amp_dtype is not None
+        # NHWC lets oneDNN/cuDNN pick their fast conv kernels: on the 2-core dev CPU the yolov8n step ran
+        # 1.19x faster in fp32 (21.7 vs 18.2 images/s) and 1.08x in bf16 (36.9 vs 34.0).
+        self.channels_last = self.device.type in ("cuda", "cpu")
         if self.channels_last:
             self.model.to(memory_format=torch.channels_last)
         self.model.train()
+        if a.sync_bn:
+            if self.world_size > 1 and self.device.type == "cuda":
+                self.model = nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
+            else:
+                warnings.warn("sync_bn=True needs DDP on CUDA (torchrun with nccl); BatchNorm statistics "
+                              "stay per process", stacklevel=2)
         self.criterion = self.get_loss(self.model)
         # DDP wrap, loss x world size, torch.compile (model + whole loss): yolofast/engine/compile.py
         self.train_model, self.train_loss = train_step_modules(self.model, self.criterion, self.device,
                                                                a.compile, self.world_size)
 
-        self.batch_size = max(a.batch // self.world_size, 1)
+        auto, fraction = resolve_batch(a.batch)
+        self.batch_size = max(DEFAULTS["batch"] if auto else a.batch // self.world_size, 1)
         self.train_loader = self.get_dataloader(self.data["train"], self.batch_size, mode="train")
+        if auto:  # the largest batch whose step fits `fraction` of the GPU, at the data's largest GT count
+            max_gt = autobatch_gt(self.train_loader.dataset, a.mosaic)
+            b = rank0_broadcast(lambda: autobatch(self.model, self.criterion, a.imgsz, self.device, fraction,
+                                                  max_gt=max_gt, amp_dtype=self.amp_dtype,
+                                                  default=DEFAULTS["batch"], log=self.log))
+            self.rebuild_train_loader(b, epoch=0)
+        a.batch = self.batch_size * self.world_size  # the resolved total, as checkpoints and resume see it
         self.val_loader = self.get_dataloader(self.data[a.split], self.batch_size * 2, mode="val")
         self.validator = self.get_validator()
 
@@ -370,14 +402,18 @@ class Trainer:
 
         self.ema = ModelEMA(self.model)
         self.nonfinite = NonFiniteGuard(self)
+        self.oom = OutOfMemoryHalving(self)
 
         nb = len(self.train_loader)
         self.accumulate = optim.accumulate_steps(a.nbs, a.batch)
         decay = optim.scaled_weight_decay(a.weight_decay, a.batch, self.accumulate, a.nbs)
         # Optimizer steps of the run, for optimizer=auto: images / max(batch, nbs) per epoch.
         iterations = math.ceil(len(self.train_loader.dataset) / max(a.batch, a.nbs)) * self.epochs
+        graph_why = graph_blockers(self.device, compile_mode(a.compile)[0], self.world_size > 1,
+                                   self.accumulate, self.scaler.is_enabled()) if a.cuda_graph else None
         self.optimizer, name, lr, momentum = optim.build_optimizer(
-            self.model, a.optimizer, a.lr0, a.momentum, decay, iterations, nc=self.data["nc"])
+            self.model, a.optimizer, a.lr0, a.momentum, decay, iterations, nc=self.data["nc"],
+            extra=optimizer_kwargs if graph_why == [] else None)
         if a.optimizer == "auto":
             # The 0.1 bias warmup lr is sized for SGD lr 0.01; from an auto-chosen lr it would blow up biases.
             self.warmup_bias_lr = 0.0
@@ -390,6 +426,13 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda=self.lf)
         self.nb = nb
         self.nw = optim.warmup_iters(a.warmup_epochs, self.epochs, nb)
+        self.graph = None  # CUDA-graph step (cuda_graph=True): captured after the warmup (cudagraph.py)
+        if graph_why:
+            warnings.warn(f"cuda_graph=True but {'; '.join(graph_why)}: using the eager step", stacklevel=2)
+        elif graph_why == []:
+            bucket = autobatch_gt(self.train_loader.dataset, a.mosaic)  # GT rows of the captured batch
+            self.graph = GraphedTrainStep(self.model, self.train_loss, self.optimizer, self.ema,
+                                          self.amp_dtype, gt_bucket=bucket)
 
         if self.resume_ckpt is not None:
             self._restore(self._resume_state)
@@ -452,8 +495,7 @@ class Trainer:
         unscale -> clip 10.0 -> step -> scaler update -> zero_grad -> EMA; then the scheduler, validation
         of the EMA, results.csv, checkpoints, early stopping and the time limit."""
         a, model, opt = self.args, self.model, self.optimizer
-        nb, nw = self.nb, self.nw
-        self.last_opt_step = self.start_epoch * nb - 1
+        self.last_opt_step = self.start_epoch * self.nb - 1
         t_start = time.time() - self.train_time
         self.run_callbacks("on_train_start")
         self.log(f"Image sizes {a.imgsz} train, {a.imgsz} val; {a.workers} dataloader workers; logging "
@@ -475,31 +517,27 @@ class Trainer:
             pbar = self._progress(epoch)
             for i, batch in pbar:
                 self.run_callbacks("on_train_batch_start")
-                ni = i + nb * epoch  # iterations since the run began
-                if ni <= nw and nw > 0:
+                ni = i + self.nb * epoch  # iterations since the run began
+                if ni <= self.nw and self.nw > 0:
                     targets = [g["initial_lr"] * self.lf(epoch) for g in opt.param_groups]
                     lrs, mom, self.accumulate = optim.warmup_values(
-                        ni, nw, lr_targets=targets, bias_lr0=self.warmup_bias_lr, momentum0=a.warmup_momentum,
-                        momentum=self.momentum, nbs=a.nbs, batch=a.batch)
+                        ni, self.nw, lr_targets=targets, bias_lr0=self.warmup_bias_lr,
+                        momentum0=a.warmup_momentum, momentum=self.momentum, nbs=a.nbs, batch=a.batch)
                     for g, lr in zip(opt.param_groups, lrs):
-                        g["lr"] = lr
+                        optim.set_group_value(g, "lr", lr)
                         if "momentum" in g:  # SGD/RMSProp only; Adam's beta1 stays `momentum`
                             g["momentum"] = mom
 
                 batch = self.preprocess_batch(batch)
-                with self.autocast():
-                    feats = self.train_model(batch["img"])
-                loss, items = self.train_loss([f.float() for f in feats], batch)  # loss in fp32
-                if not self.nonfinite.check(loss, batch, epoch, i):  # skipped; restores/raises (recovery.py)
-                    opt.zero_grad(set_to_none=True)
-                    self.last_opt_step = ni
+                try:
+                    items = self.train_batch(batch, epoch, i, ni)
+                except torch.OutOfMemoryError as e:  # half the batch; this batch's images come next
+                    i = self.oom.halve(e, epoch, i)
+                    self.last_opt_step = i + self.nb * epoch - 1
+                    pbar.total, pbar.n = self.nb, i
                     continue
-                self.scaler.scale(loss).backward()
-                # The last batch of an epoch always steps: no gradient crosses an epoch boundary, so a
-                # checkpoint holds everything and a resumed run is exact.
-                if ni - self.last_opt_step >= self.accumulate or i == nb - 1:
-                    self.optimizer_step()
-                    self.last_opt_step = ni
+                if items is None:  # non-finite loss: the step was skipped (recovery.py)
+                    continue
 
                 items = items.detach().float().cpu()
                 self.tloss = items if self.tloss is None else (self.tloss * i + items) / (i + 1)
@@ -512,7 +550,7 @@ class Trainer:
                     break
             pbar.close()
 
-            self.lr = {f"lr/pg{j}": g["lr"] for j, g in enumerate(opt.param_groups)}
+            self.lr = {f"lr/pg{j}": float(g["lr"]) for j, g in enumerate(opt.param_groups)}
             self.run_callbacks("on_train_epoch_end")
             self.scheduler.step()
             self.run_callbacks("on_params_update")
@@ -545,6 +583,42 @@ class Trainer:
         self.log(f"\n{epoch - self.start_epoch + 1} epochs completed in {hours:.3f} hours "
                  f"({hours * 60:.1f} min).\nResults saved to {self.save_dir.resolve()}"
                  f"\n  weights: {self.best.resolve()}\n  metrics: {self.csv.resolve()}")
+
+    def train_batch(self, batch: dict, epoch: int, i: int, ni: int) -> torch.Tensor | None:
+        """One batch: autocast forward, fp32 loss, scaled backward and, every ``accumulate`` batches, the
+        optimizer step. Returns the loss items [box, cls, dfl], or None when a non-finite loss skipped it."""
+        if self.graph is not None and ni > self.nw:  # momentum is fixed inside a graph: after the warmup
+            out = self.graph(batch)  # the same step replayed from a CUDA graph; None: run it eagerly
+            if out is not None:
+                return self._graph_step_done(out, batch, epoch, i, ni)
+        with self.autocast():
+            feats = self.train_model(batch["img"])
+        loss, items = self.train_loss([f.float() for f in feats], batch)  # loss in fp32
+        if not self.nonfinite.check(loss, batch, epoch, i):  # skipped; restores or raises (recovery.py)
+            self.optimizer.zero_grad(set_to_none=True)
+            self.last_opt_step = ni
+            return None
+        self.scaler.scale(loss).backward()
+        # The last batch of an epoch always steps: no gradient crosses an epoch boundary, so a checkpoint
+        # holds everything and a resumed run is exact.
+        if ni - self.last_opt_step >= self.accumulate or i == self.nb - 1:
+            self.optimizer_step()
+            self.last_opt_step = ni
+        return items
+
+    def _graph_step_done(self, out, batch: dict, epoch: int, i: int, ni: int) -> torch.Tensor | None:
+        loss, items = out
+        if not self.nonfinite.check(loss, batch, epoch, i):
+            # The replayed step is already applied (a graph cannot skip it): back to the last good state,
+            # and the eager step, which can, from here on.
+            self.graph.disable("non-finite loss")
+            if self.nonfinite.streak:  # (check() restored by itself when this ended a streak)
+                self.nonfinite.restore()
+            return None
+        self.last_opt_step = ni
+        self.run_callbacks("optimizer_step")
+        self.run_callbacks("on_before_zero_grad")
+        return items
 
     def preprocess_batch(self, batch: dict) -> dict:
         """Tensors to the device (non_blocking), images to float in [0, 1]."""
@@ -583,8 +657,42 @@ class Trainer:
         self.run_callbacks("on_val_end")
         return metrics, float(fitness)
 
+    def _epoch_batches(self):
+        """(i, batch) over one epoch. When an out-of-memory halving replaces the loader mid-epoch, the rest
+        of the epoch comes from the new one (it starts where the old one failed), numbered in its batches."""
+        i, loader = 0, self.train_loader
+        while True:
+            for batch in loader:
+                yield i, batch
+                if self.train_loader is not loader:
+                    break
+                i += 1
+            else:
+                return
+            loader = self.train_loader
+            i = self.nb - len(loader)
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()  # hand the failed step's cached blocks back before the smaller one
+
+    def rebuild_train_loader(self, batch_size: int, epoch: int, skip: int = 0) -> None:
+        """A train loader over the same dataset at ``batch_size`` (per rank), starting ``skip`` images into
+        ``epoch``'s order; batches per epoch, accumulation and warmup follow the new size."""
+        from yolofast.data import build_dataloader
+
+        a = self.args
+        self.train_loader = build_dataloader(self.train_loader.dataset, batch_size, a.workers, shuffle=True,
+                                             rank=self.rank, seed=a.seed)
+        self.train_loader.sampler.start_at(epoch, skip)
+        self.batch_size = batch_size
+        a.batch = batch_size * self.world_size
+        if getattr(self, "graph", None) is not None:
+            self.graph.disable(f"the batch size changed to {batch_size}")
+        self.nb = skip // batch_size + len(self.train_loader)
+        self.accumulate = optim.accumulate_steps(a.nbs, a.batch)
+        self.nw = optim.warmup_iters(a.warmup_epochs, self.epochs, self.nb)
+
     def _progress(self, epoch: int):
-        it = enumerate(self.train_loader)
+        it = self._epoch_batches()
         if not (self.args.verbose and is_main_process()):
             return tqdm(it, total=self.nb, disable=True)
         mem = "GPU_mem" if self.device.type == "cuda" else "CPU_mem"
