@@ -2,10 +2,12 @@
 # The GPU check of issue 5, in one script: within 8 minutes on one H200 with no network it
 #   1. makes the checkout importable (editable install without deps, else a path shim; no venv needed),
 #   2. builds the C++ and CUDA extensions (nvcc; the build time is printed),
-#   3. runs every CUDA and Triton test (TRITON_INTERPRET=0: compiled Triton on the GPU),
-#   4. times each op -- CUDA vs Triton vs reference, B=16/64, 640 px, 80 classes, 50/1000 GT/img -- and
-#      prints one table, also written to $OUT/gpu_table.md (benchmarks/results/ when $OUT is unset).
-# Each step has its own time limit (100 + 200 + 140 s) so that the whole run stays under 8 minutes even
+#   3. runs every CUDA and Triton test of the ops (TRITON_INTERPRET=0: compiled Triton on the GPU),
+#   4. runs the engine's CUDA tests: CUDA-graph step == eager (class and whole trainer), AutoBatch,
+#   5. times each op -- CUDA vs Triton vs reference, B=16/64, 640 px, 80 classes, 50/1000 GT/img -- and
+#      prints one table, also written to $OUT/gpu_table.md (benchmarks/results/ when $OUT is unset),
+#   6. times the whole yolov8n train step at 640 px batch 64: eager bf16 vs its CUDA graph (images/s).
+# Each step has its own time limit (100 + 150 + 60 + 110 + 60 s) so that the whole run stays under 8 minutes even
 # when a step hangs; a failing step is reported and the next one still runs. Exit status: 0 when every
 # step passed, else the number of failed steps.
 #
@@ -80,7 +82,7 @@ record "build" $?
 
 step "CUDA and Triton tests"
 if "$PY" -c "import pytest" 2>/dev/null; then
-  timeout 200 "$PY" -m pytest -q -m "cuda or triton" tests/ops -p no:cacheprovider --durations=10 \
+  timeout 150 "$PY" -m pytest -q -m "cuda or triton" tests/ops -p no:cacheprovider --durations=10 \
     2>&1 | tee "$RESULTS/gpu_tests.log" | tail -40
   record "tests (log: $RESULTS/gpu_tests.log)" "${PIPESTATUS[0]}"
 else
@@ -88,9 +90,19 @@ else
   record "tests (pytest missing)" 1
 fi
 
+step "engine CUDA tests (CUDA graphs, AutoBatch)"
+timeout 60 "$PY" -m pytest -q -m cuda tests/engine -p no:cacheprovider 2>&1 | tee "$RESULTS/gpu_engine_tests.log" \
+  | tail -20
+record "engine tests (log: $RESULTS/gpu_engine_tests.log)" "${PIPESTATUS[0]}"
+
 step "timing table"
-timeout 140 "$PY" benchmarks/gpu_bench.py --out "$RESULTS/gpu_table.md"
+timeout 110 "$PY" benchmarks/gpu_bench.py --out "$RESULTS/gpu_table.md"
 record "timing table ($RESULTS/gpu_table.md)" $?
+
+step "train step yolov8n 640 px b64: eager bf16 vs CUDA graph"
+timeout 60 "$PY" benchmarks/bench_train_step.py bf16_cl graph_bf16_cl --device cuda --rounds 10 --warmup 2 \
+  2>&1 | tee "$RESULTS/gpu_train_step.txt"
+record "train step ($RESULTS/gpu_train_step.txt)" "${PIPESTATUS[0]}"
 
 step "summary"
 printf '%s\n' "${SUMMARY[@]}"
