@@ -53,7 +53,7 @@ _DEBUG = os.environ.get("YOLOFAST_BENCH_DEBUG", "0") == "1"
 def make_batch(imgsz, batch, nc, device, n_gt=8, seed=0):
     g = torch.Generator().manual_seed(seed)
     img = torch.rand(batch, 3, imgsz, imgsz, generator=g)
-    m = 16  # padded GT bucket (data.collate.pad_targets)
+    m = 16 * max(1, -(-n_gt // 16))  # padded GT bucket (data.collate.pad_targets)
     xy = torch.rand(batch, m, 2, generator=g) * 0.6 + 0.2
     wh = torch.rand(batch, m, 2, generator=g) * 0.2 + 0.05
     out = {"gt_cls": torch.randint(0, nc, (batch, m, 1), generator=g).float(),
@@ -75,14 +75,14 @@ def _init_model(nc: int, device: torch.device):
     return build_model("yolov8n", nc=nc).to(device).train()
 
 
-def make_step(variant: str, imgsz: int, batch: int, nc: int, device: torch.device):
+def make_step(variant: str, imgsz: int, batch: int, nc: int, device: torch.device, n_gt: int = 8):
     """A zero-argument train step returning the detached loss; ``variant``: one of ``_YOLOFAST_VARIANTS``."""
     if variant not in _YOLOFAST_VARIANTS:
         raise ValueError(f"bench_train_step: unknown variant {variant!r}; use one of "
                          f"{(*_YOLOFAST_VARIANTS, 'ultralytics')}")
     model = _init_model(nc, device)
     crit = DetectionLoss(nc)
-    img, gt = make_batch(imgsz, batch, nc, device)
+    img, gt = make_batch(imgsz, batch, nc, device, n_gt=n_gt)
     cl = variant.endswith("_cl")
     if cl:
         model.to(memory_format=torch.channels_last)
@@ -168,7 +168,7 @@ def _debug_losses(m, ubatch: dict, img: torch.Tensor, gt: dict, nc: int) -> None
           f"{[round(float(v), 4) for v in yitems]} (same weights, same batch)", flush=True)
 
 
-def ultralytics_step(imgsz: int, batch: int, device: torch.device, nc: int = 80):
+def ultralytics_step(imgsz: int, batch: int, device: torch.device, nc: int = 80, n_gt: int = 8):
     """Ultralytics' own model + loss for the same step, or pytest.skip when it is not installed.
 
     Same work as ``make_step("fp32", ...)``: yolov8n built from its yaml, the same initial weights (yolofast's
@@ -191,7 +191,7 @@ def ultralytics_step(imgsz: int, batch: int, device: torch.device, nc: int = 80)
         first = str(e).splitlines()[0]
         print(f"bench_train_step: Ultralytics keeps its own init weights ({first})", flush=True)
     m.args = get_cfg(overrides={"box": 7.5, "cls": 0.5, "dfl": 1.5})  # its trainer sets model.args the same
-    img, gt = make_batch(imgsz, batch, nc, device)
+    img, gt = make_batch(imgsz, batch, nc, device, n_gt=n_gt)
     ubatch = {**flat_targets(gt), "img": img}
     _check_ultralytics_batch(ubatch, batch, n_gt=int(gt["gt_mask"][0].sum()))
     if _DEBUG:
@@ -239,12 +239,14 @@ def _default_variants() -> list[str]:
     return out + (["ultralytics"] if ultralytics_available() else [])
 
 
-def main(variants=None, rounds: int = 5, warmup: int = 2, device: str = "cpu") -> dict:
+def main(variants=None, rounds: int = 5, warmup: int = 2, device: str = "cpu", n_gt: int = 8,
+         imgsz: int | None = None, batch: int | None = None) -> dict:
     """images/s of each variant (median over ``rounds`` round-robin rounds after ``warmup`` ones),
     printed with the ratio to "ultralytics" when it ran (else to the first variant), and returned.
     ``device="cuda"``: the GPU shapes (640 px, batch 64)."""
     device = torch.device(device)
-    shape = GPU if device.type == "cuda" else CPU
+    shape = dict(GPU if device.type == "cuda" else CPU)
+    shape.update({k: v for k, v in (("imgsz", imgsz), ("batch", batch)) if v})
     torch.set_num_threads(THREADS)
     steps = {}
     for v in variants or _default_variants():
@@ -252,9 +254,9 @@ def main(variants=None, rounds: int = 5, warmup: int = 2, device: str = "cpu") -
             if not ultralytics_available():
                 print("ultralytics: not importable, skipped (pip install ultralytics in a separate venv)")
                 continue
-            steps[v] = ultralytics_step(shape["imgsz"], shape["batch"], device, nc=shape["nc"])
+            steps[v] = ultralytics_step(shape["imgsz"], shape["batch"], device, nc=shape["nc"], n_gt=n_gt)
         else:
-            steps[v] = make_step(v, device=device, **shape)
+            steps[v] = make_step(v, device=device, n_gt=n_gt, **shape)
     torch.set_num_threads(THREADS)  # importing ultralytics sets OMP_NUM_THREADS=1 when unset; keep 2 for all
     names = list(steps)
     times: dict[str, list[float]] = {v: [] for v in names}
@@ -271,7 +273,7 @@ def main(variants=None, rounds: int = 5, warmup: int = 2, device: str = "cpu") -
         raise RuntimeError(f"bench_train_step: non-finite loss after {warmup + rounds} steps: {bad}")
     out = {v: shape["batch"] / statistics.median(t) for v, t in times.items()}
     base = "ultralytics" if "ultralytics" in out else (names[0] if names else None)
-    print(f"train step yolov8n {shape['imgsz']} px b{shape['batch']} {device.type}, "
+    print(f"train step yolov8n {shape['imgsz']} px b{shape['batch']} {n_gt} GT/img {device.type}, "
           f"{torch.get_num_threads()} threads, median of {rounds} round-robin rounds after {warmup} warm-up, "
           f"torch {torch.__version__}", flush=True)
     for v in names:
@@ -287,5 +289,9 @@ if __name__ == "__main__":
     p.add_argument("--rounds", type=int, default=5, help="timed round-robin rounds (default 5)")
     p.add_argument("--warmup", type=int, default=2, help="untimed rounds first (default 2)")
     p.add_argument("--device", default="cpu", help="cpu (320 px b16) or cuda (640 px b64)")
+    p.add_argument("--gt", type=int, default=8, help="GT boxes per image (default 8; dense scenes: 100+)")
+    p.add_argument("--imgsz", type=int, help="image size (default: 320 CPU, 640 CUDA)")
+    p.add_argument("--batch", type=int, help="batch size (default: 16 CPU, 64 CUDA)")
     a = p.parse_args()
-    main(a.variants or None, rounds=a.rounds, warmup=a.warmup, device=a.device)
+    main(a.variants or None, rounds=a.rounds, warmup=a.warmup, device=a.device, n_gt=a.gt, imgsz=a.imgsz,
+         batch=a.batch)
