@@ -21,11 +21,6 @@ TINY.update(depth_multiple=0.33, width_multiple=0.125, max_channels=256)
 FAST = dict(model=TINY, imgsz=64, batch=4, workers=0, verbose=False, plots=False)
 
 
-@pytest.fixture(autouse=True)
-def _restore_determinism():
-    yield
-    torch.use_deterministic_algorithms(False)
-
 
 @pytest.fixture
 def broken(tmp_path):

@@ -24,11 +24,6 @@ def shapes(tmp_path_factory):
     return str(make_shapes(root=tmp_path_factory.mktemp("shapes"), n_train=12, n_val=2, imgsz=64))
 
 
-@pytest.fixture(autouse=True)
-def _restore_determinism():
-    yield
-    torch.use_deterministic_algorithms(False)
-
 
 class _OOMModel(torch.nn.Module):
     """Wraps the train model: raises the CUDA out-of-memory error when ``fail(n_images)`` says so and

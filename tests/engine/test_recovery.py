@@ -24,11 +24,6 @@ def shapes(tmp_path_factory):
     return str(make_shapes(root=tmp_path_factory.mktemp("shapes"), n_train=8, n_val=2, imgsz=64))
 
 
-@pytest.fixture(autouse=True)
-def _restore_determinism():
-    yield
-    torch.use_deterministic_algorithms(False)
-
 
 def _inject_nan(trainer, bad_calls):
     """Make the criterion return NaN on the given call numbers (0-based, counted over the whole run)."""

@@ -60,11 +60,6 @@ def shapes(tmp_path_factory):
     return str(make_shapes(root=tmp_path_factory.mktemp("shapes"), n_train=8, n_val=2, imgsz=64))
 
 
-@pytest.fixture(autouse=True)
-def _restore_determinism():
-    yield
-    torch.use_deterministic_algorithms(False)
-
 
 def _run_all(tmp_path, shapes, modes):
     """Run CHILD for each (name, mode) in parallel; returns {name: returncode}."""

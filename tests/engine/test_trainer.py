@@ -28,12 +28,6 @@ def shapes(tmp_path_factory):
     return str(make_shapes(root=tmp_path_factory.mktemp("shapes"), n_train=8, n_val=4, imgsz=64))
 
 
-@pytest.fixture(autouse=True)
-def _restore_determinism():
-    # The trainer turns on torch.use_deterministic_algorithms (deterministic=True): keep other tests clean.
-    yield
-    torch.use_deterministic_algorithms(False)
-
 
 def _rows(path):
     with open(path, newline="") as f:

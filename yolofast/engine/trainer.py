@@ -5,7 +5,9 @@ the final metrics dict (``metrics/mAP50-95(B)``, ``fitness``, ...) and writes ``
 ``weights/last.pt``, ``weights/best.pt``, ``results.csv``, ``results.png`` and ``args.yaml``.
 
 Reading order: ``train`` -> ``_setup_train`` (build everything) -> ``_do_train`` (THE loop, top to bottom)
--> ``validate`` / ``save_model`` / ``save_metrics`` (what happens at the end of an epoch).
+-> ``train_batch`` (one step: forward, loss, backward, optimizer) -> ``validate`` / ``save_model`` /
+``save_metrics`` (what happens at the end of an epoch). Recovery (non-finite loss, out of memory) lives in
+``recovery.py``, the CUDA-graph step in ``cudagraph.py``, AutoBatch in ``autobatch.py``.
 
 Extending
 ---------
