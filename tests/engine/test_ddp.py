@@ -59,8 +59,11 @@ def _half(x, rank, world):
     return x.chunk(world)[rank] if torch.is_tensor(x) else x
 
 
-def _grads(model, criterion, img, batch, device, world):
-    train_model, train_loss = train_step_modules(model, criterion, device, world_size=world)
+def _grads(model, criterion, img, batch, device, world, compile=False):
+    # aot_eager: Dynamo + AOTAutograd (what torch.compile does under DDP: graphs split at bucket boundaries)
+    # without inductor's minutes of C++ codegen on 2 cores.
+    train_model, train_loss = train_step_modules(model, criterion, device, compile=compile, world_size=world,
+                                                 backend="aot_eager" if compile else None)
     loss, _ = train_loss(train_model(img), batch)
     loss.backward()
     return [p.grad.clone() for p in model.parameters()]
@@ -73,7 +76,8 @@ def _worker(rank, world, port, out):
     assert is_distributed()
     img, batch = _inputs()
     res = {}
-    for name, crit in (("sum", _sum_loss), ("det", DetectionLoss(NC, strides=(8, 16, 32)))):
+    for name, crit in (("sum", _sum_loss), ("det", DetectionLoss(NC, strides=(8, 16, 32))),
+                       ("det_compiled", DetectionLoss(NC, strides=(8, 16, 32)))):
         torch.manual_seed(0)
         model = _Toy()
         if rank == 1:  # DDP must broadcast rank 0's weights at wrap time
@@ -81,7 +85,11 @@ def _worker(rank, world, port, out):
                 for p in model.parameters():
                     p.add_(1.0)
         part = {k: _half(v, rank, world) for k, v in batch.items()}
-        res[name] = _grads(model, crit, _half(img, rank, world), part, dev, world)
+        res[name] = _grads(model, crit, _half(img, rank, world), part, dev, world,
+                           compile=name.endswith("compiled"))
+    from torch._dynamo.utils import counters
+
+    res["graphs"] = counters["stats"]["unique_graphs"]  # det_compiled really went through Dynamo
     torch.save(res, f"{out}/rank{rank}.pt")
     destroy_distributed()
 
@@ -105,9 +113,10 @@ def test_ddp_gradients_equal_full_batch(tmp_path):
         torch.manual_seed(0)
         part = {k: _half(v, r, 2) for k, v in batch.items()}
         halves.append(_grads(_Toy(), DetectionLoss(NC, strides=(8, 16, 32)), _half(img, r, 2), part, cpu, 1))
-    ref["det"] = [a + b for a, b in zip(*halves)]
+    ref["det"] = ref["det_compiled"] = [a + b for a, b in zip(*halves)]
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
-    for name in ("sum", "det"):
+    assert r0["graphs"] >= 2 and r1["graphs"] >= 2  # the model's graph(s) and the loss's
+    for name in ("sum", "det", "det_compiled"):  # det_compiled: torch.compile of model + loss under DDP
         for g_ref, g0, g1 in zip(ref[name], r0[name], r1[name]):
             assert g_ref.abs().max() > 0
             torch.testing.assert_close(g0, g1, rtol=0, atol=0)  # all-reduced: identical on every rank
