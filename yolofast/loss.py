@@ -59,7 +59,8 @@ class DetectionLoss:
 
     def _anchors(self, feats):
         """(anchor_points (A,2) grid units, stride_tensor (A,1), pixel-space decode offsets (A,4) and signs
-        (A,4)), cached per feature sizes/device/dtype: rebuilding them costs ~20 small ops per step."""
+        (A,4), image-size scale (4,), gains (3,)), cached per feature sizes/device/dtype: rebuilding them
+        costs ~20 small ops per step."""
         key = (tuple(f.shape[2:] for f in feats), feats[0].device, feats[0].dtype)
         hit = None if torch.compiler.is_compiling() else self._anchor_cache.get(key)
         if hit is not None:
@@ -69,7 +70,13 @@ class DetectionLoss:
         # (anc - lt, anc + rb) * s == anc*s + ltrb * (-s, -s, s, s): bit-identical for power-of-two strides
         # (8/16/32), fp32 rounding otherwise; one addcmul on (B, A, 4) instead of cat + mul.
         sign = anchor_points.new_tensor([-1.0, -1.0, 1.0, 1.0])
-        out = (anchor_points, stride_tensor, anc_px, anc_px.repeat(1, 2), sign * stride_tensor)
+        # Image size (normalized GT -> pixels) and the loss gains as device tensors made here, once: a
+        # new_tensor per step is a host->device copy, which CUDA-graph capture refuses (and which waits
+        # for the queued GPU work in eager mode).
+        img_h, img_w = feats[0].shape[2] * self.strides[0], feats[0].shape[3] * self.strides[0]
+        scale = anchor_points.new_tensor([img_w, img_h, img_w, img_h])
+        gains = anchor_points.new_tensor(self.gains)
+        out = (anchor_points, stride_tensor, anc_px, anc_px.repeat(1, 2), sign * stride_tensor, scale, gains)
         if not torch.compiler.is_compiling():
             self._anchor_cache[key] = out
         return out
@@ -96,11 +103,8 @@ class DetectionLoss:
         pred_dist = torch.cat(dist_parts, 1)  # (B, A, 4*reg_max)
         pred_scores = torch.cat(score_parts, 1)  # (B, A, nc)
 
-        anchor_points, stride_tensor, anc_px, anc_px4, sign_stride = self._anchors(feats)
-        img_h = feats[0].shape[2] * self.strides[0]
-        img_w = feats[0].shape[3] * self.strides[0]
+        anchor_points, stride_tensor, anc_px, anc_px4, sign_stride, scale, gains = self._anchors(feats)
         gt_cls, gt_bboxes, gt_mask = self._targets(batch, bsz, pred_dist.device)
-        scale = gt_bboxes.new_tensor([img_w, img_h, img_w, img_h])
         gt_xyxy = xywh2xyxy(gt_bboxes * scale)
 
         with torch.no_grad():
@@ -119,7 +123,7 @@ class DetectionLoss:
         losses = bbox_loss(
             pred_dist, pred_scores, anchor_points, target_bboxes / stride_tensor, target_scores, fg_mask
         )
-        items = losses * losses.new_tensor(self.gains)
+        items = losses * gains
         return items.sum() * bsz, items.detach()
 
     def _decode_px(self, pred_dist, anc_px4, sign_stride):

@@ -12,6 +12,7 @@ from yolofast.engine.cudagraph import (
     ShapeMismatch,
     capture_train_step,
     graph_blockers,
+    has_state,
     optimizer_kwargs,
     pad_gt,
 )
@@ -42,10 +43,21 @@ def _batch(seed, dev, B=4, M=16, n=6):
     return {k: v.to(dev).contiguous() for k, v in b.items()}
 
 
+def _eager_step(model, crit, opt, ema, batch) -> float:
+    loss, _ = crit(model(batch["img"]), batch)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
+    opt.step()
+    opt.zero_grad()
+    ema.update(model)
+    return loss.item()
+
+
 @pytest.mark.cuda
 def test_replay_equals_eager():
-    """Batches 0, 1, 2 through the captured step (capture on batch 0; its warm-up steps are undone) give the
-    eager losses and EMA of the same three steps; another batch shape is refused."""
+    """After one eager step (the optimizer needs its state before capture), batches 1, 2, 3 through the
+    captured step (capture on batch 1; its warm-up steps are undone) give the eager losses and EMA of the
+    same three steps; another batch shape is refused."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     dev = torch.device("cuda")
@@ -58,23 +70,19 @@ def test_replay_equals_eager():
         opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True,
                               **optimizer_kwargs("sgd"))
         ema, crit = ModelEMA(model), DetectionLoss(3)
+        _eager_step(model, crit, opt, ema, _batch(0, dev))
         losses = []
         if graph:
-            step = capture_train_step(model, crit, opt, ema, _batch(0, dev))
+            fresh = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, **optimizer_kwargs("sgd"))
+            assert capture_train_step(model, crit, fresh, ema, _batch(1, dev)) is None  # no state yet
+            step = capture_train_step(model, crit, opt, ema, _batch(1, dev))
             assert step is not None
-            for s in (0, 1, 2):
+            for s in (1, 2, 3):
                 losses.append(step(_batch(s, dev))[0].item())
             with pytest.raises(ShapeMismatch):
-                step(_batch(3, dev, B=2))
+                step(_batch(4, dev, B=2))
         else:
-            for s in (0, 1, 2):
-                loss, _ = crit(model(_batch(s, dev)["img"]), _batch(s, dev))
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
-                opt.step()
-                opt.zero_grad()
-                ema.update(model)
-                losses.append(loss.item())
+            losses = [_eager_step(model, crit, opt, ema, _batch(s, dev)) for s in (1, 2, 3)]
         runs.append((losses, torch.cat([p.detach().flatten() for p in ema.ema.parameters()])))
     torch.testing.assert_close(torch.tensor(runs[1][0]), torch.tensor(runs[0][0]), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(runs[1][1], runs[0][1], rtol=1e-5, atol=1e-6)
@@ -89,6 +97,13 @@ def test_pad_gt_and_blockers():
     assert len(why) == 5 and "nbs <= batch" in why[3]
     assert graph_blockers("cuda", False, False, 1, False) == []
     assert optimizer_kwargs("sgd") == {"fused": True} and optimizer_kwargs("AdamW") == {"capturable": True}
+    w = torch.nn.Parameter(torch.ones(3))
+    for opt in (torch.optim.SGD([w], lr=0.1, momentum=0.9), torch.optim.AdamW([w], lr=0.1)):
+        assert not has_state(opt)
+        w.grad = torch.ones(3)
+        opt.step()
+        assert has_state(opt)
+    assert has_state(torch.optim.SGD([w], lr=0.1))  # plain SGD keeps no state at all
 
 
 def test_trainer_cuda_graph_on_cpu_warns_and_trains_eagerly(tmp_path):
@@ -129,3 +144,38 @@ def test_trainer_graph_run_equals_eager_run(tmp_path, optimizer):
     torch.use_deterministic_algorithms(False)
     torch.testing.assert_close(out[1][0], out[0][0], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(out[1][1], out[0][1], rtol=1e-4, atol=1e-5)
+
+
+def test_step_is_capture_safe_on_cpu():
+    """What a CUDA graph cannot hold, checked on the CPU: after one warm step, a whole step (forward, loss,
+    backward, clipping, EMA) makes no tensor from host data (lift_fresh: a host->device copy on CUDA),
+    reads no value to the host (.item()) and has no data-dependent shape (nonzero)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.add(str(func))
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    model = build_model(TINY, nc=3).train()
+    ema, crit, batch = ModelEMA(model), DetectionLoss(3), _batch(0, "cpu", B=2)
+
+    def step():
+        loss, _ = crit(model(batch["img"]), batch)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0, foreach=True)
+        ema.update(model)
+        model.zero_grad(set_to_none=False)
+
+    step()  # warm: caches, EMA buffers
+    with Record() as rec:
+        step()
+    assert any(op.startswith("yolofast.") for op in rec.ops), "the fused ops did not run"
+    forbidden = ("lift_fresh", "_local_scalar_dense", "nonzero", "item")
+    bad = {op for op in rec.ops if op.split(".")[1] in forbidden}
+    assert not bad, bad

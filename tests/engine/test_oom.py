@@ -74,6 +74,17 @@ def test_oom_halves_batch_and_epoch_goes_on(shapes, tmp_path):
     assert load_checkpoint(t.last)["train_args"]["batch"] == 2  # a resumed run keeps the size that fits
 
 
+def test_oom_odd_batch_twice_mid_epoch(shapes, tmp_path):
+    """batch 5 fails on its 2nd batch (5 images done), then batch 2 fails on its first: the epoch goes on
+    at batch 1 from image 5 -- every image once, in order; the next epoch has 12 batches and steps on its
+    last one."""
+    ref, _ = _train(shapes, tmp_path, "ref5", batch=5, epochs=2)
+    t, _ = _train(shapes, tmp_path, "odd", fail=lambda n, c: c in (2, 3), batch=5, epochs=2)
+    assert t.batch_size == 1 and t.oom.halvings == 2
+    assert t.seen[0] == ref.seen[0] and len(t.seen[1]) == 12 and sorted(t.seen[1]) == sorted(ref.seen[1])
+    assert t.nb == 12 and t.last_opt_step == 2 * 12 - 1  # epoch 2's last batch stepped (ni = 12 + 11)
+
+
 def test_oom_halving_repeats_within_one_batch(shapes, tmp_path):
     """Anything above 1 image fails: 8 -> 4 -> 2 -> 1 on the very first batch, then the run trains."""
     t, _ = _train(shapes, tmp_path, "small", fail=lambda n, c: n > 1, batch=8, epochs=1)

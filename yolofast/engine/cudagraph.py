@@ -29,7 +29,7 @@ import logging
 import torch
 
 __all__ = ["CudaGraphStep", "GraphedTrainStep", "ShapeMismatch", "capture_train_step", "graph_blockers",
-           "optimizer_kwargs", "pad_gt"]
+           "has_state", "optimizer_kwargs", "pad_gt"]
 
 LOG = logging.getLogger("yolofast")
 _KEYS = ("img", "gt_cls", "gt_bboxes", "gt_mask")
@@ -63,16 +63,24 @@ class CudaGraphStep:
         # Warm up on a side stream: lazy allocations (optimizer state, cuBLAS workspaces, autotuning) must
         # happen before capture, or the capture records a one-off path.
         saved = _state(model, optimizer, ema)
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(warmup):
-                self._iteration()
-        torch.cuda.current_stream().wait_stream(s)
-        _load_state(saved, model, optimizer, ema)  # undo the warm-up steps: they were not training
-        del saved
-        self.optimizer.zero_grad(set_to_none=False)  # grads stay allocated: the graph writes into them
-        with torch.cuda.graph(self.graph):
+        try:
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                for _ in range(warmup):
+                    self._iteration()
+            torch.cuda.current_stream().wait_stream(s)
+        finally:  # undo the warm-up steps, also when one failed: they were not training
+            _load_state(saved, model, optimizer, ema)
+            del saved
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        for p in self.params:  # grads stay allocated: the graph accumulates into exactly these tensors
+            p.grad = torch.zeros_like(p) if p.grad is None else p.grad.zero_()
+        self.grads = [p.grad for p in self.params]
+        # thread_local: the loader's pin-memory thread may allocate pinned host memory during the capture;
+        # the default "global" mode would count that as an illegal call and break the capture (and the
+        # pinning thread with it).
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
             self.loss, self.items = self._iteration()
 
     def _iteration(self):
@@ -95,6 +103,12 @@ class CudaGraphStep:
                 raise ShapeMismatch(f"{k}: captured {tuple(dst.shape)} {dst.dtype}, got {tuple(src.shape)} "
                                     f"{src.dtype}")
             dst.copy_(src, non_blocking=True)
+        # An eager step since the last replay (the short last batch, ...) ends with zero_grad(set_to_none):
+        # hand the graph its own gradient tensors back, zeroed (eager gradients may still be in them).
+        if any(p.grad is not g for p, g in zip(self.params, self.grads)):
+            for p, g in zip(self.params, self.grads):
+                p.grad = g
+            torch._foreach_zero_(self.grads)
         self.graph.replay()
         return self.loss, self.items
 
@@ -104,10 +118,16 @@ def capture_train_step(model, loss_fn, optimizer, ema, example: dict, amp_dtype=
     if not torch.cuda.is_available() or example["img"].device.type != "cuda":
         LOG.warning("cuda_graph: not a CUDA run; using the eager step")
         return None
-    if not all(torch.is_tensor(g.get("lr")) for g in optimizer.param_groups):
-        # A float lr is baked into the graph as a constant: warmup and the schedule would be ignored.
-        LOG.warning("cuda_graph: the optimizer's lr must be a CUDA tensor (set with g['lr'].fill_(v)); "
-                    "using the eager step")
+    dev = example["img"].device
+    if not all(torch.is_tensor(lr := g.get("lr")) and lr.device == dev for g in optimizer.param_groups):
+        # A float (or host) lr is baked into the graph as a constant: the schedule would be ignored.
+        LOG.warning("cuda_graph: the optimizer's lr must be a tensor on %s (updated with g['lr'].fill_(v)); "
+                    "using the eager step", dev)
+        return None
+    if not has_state(optimizer):
+        # Optimizer state made inside the capture would be re-made by every replay (momentum reset).
+        LOG.warning("cuda_graph: the optimizer has no state yet (take one eager step first); using the "
+                    "eager step")
         return None
     if type(optimizer).__name__ in ("Adam", "AdamW") and not optimizer.defaults.get("capturable"):
         LOG.warning("cuda_graph: %s needs capturable=True; using the eager step", type(optimizer).__name__)
@@ -118,6 +138,14 @@ def capture_train_step(model, loss_fn, optimizer, ema, example: dict, amp_dtype=
         LOG.warning("cuda_graph: capture failed (%s: %s); using the eager step", type(e).__name__, e)
         torch.cuda.synchronize()
         return None
+
+
+def has_state(optimizer) -> bool:
+    """Every trainable parameter already has its optimizer state (momentum buffers, Adam moments); SGD
+    without momentum keeps none."""
+    groups = optimizer.param_groups
+    stateless = isinstance(optimizer, torch.optim.SGD) and all(g["momentum"] == 0 for g in groups)
+    return stateless or all(optimizer.state.get(p) for g in groups for p in g["params"] if p.requires_grad)
 
 
 def optimizer_kwargs(name: str) -> dict:
@@ -164,9 +192,9 @@ class GraphedTrainStep:
     """The trainer's CUDA-graph step: ``step(batch) -> (loss, items)``, or None when this batch must run
     eagerly (other shape, too many GT, capture failed or graphs were turned off)."""
 
-    def __init__(self, model, loss_fn, optimizer, ema, amp_dtype, gt_bucket: int):
+    def __init__(self, model, loss_fn, optimizer, ema, amp_dtype, gt_bucket: int, batch_size: int):
         self.model, self.loss_fn, self.optimizer, self.ema = model, loss_fn, optimizer, ema
-        self.amp_dtype, self.m = amp_dtype, int(gt_bucket)
+        self.amp_dtype, self.m, self.batch_size = amp_dtype, int(gt_bucket), int(batch_size)
         self.step: CudaGraphStep | None = None
         self.off = None  # the reason graphs were turned off, once they are
         self.replays = self.eager = 0
@@ -184,9 +212,15 @@ class GraphedTrainStep:
             self.eager += 1
             return None
         if self.step is None:
-            for g in self.optimizer.param_groups:  # a float lr would be frozen into the graph
-                if not torch.is_tensor(g["lr"]):
-                    g["lr"] = torch.tensor(float(g["lr"]), device=b["img"].device)
+            # Capture on a full batch (not an epoch's short last one) once the optimizer has its state.
+            if b["img"].shape[0] != self.batch_size or not has_state(self.optimizer):
+                self.eager += 1
+                return None
+            dev = b["img"].device
+            for g in self.optimizer.param_groups:  # a float or host lr would be frozen into the graph
+                lr = g["lr"]
+                if not torch.is_tensor(lr) or lr.device != dev or lr.dtype != torch.float32:
+                    g["lr"] = torch.tensor(float(lr), dtype=torch.float32, device=dev)
             self.step = capture_train_step(self.model, self.loss_fn, self.optimizer, self.ema, b,
                                            self.amp_dtype)
             if self.step is None:

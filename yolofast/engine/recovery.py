@@ -96,7 +96,8 @@ class NonFiniteGuard:
                           f"{(self._epoch or 0) + 1} ({self._last_good()})", stacklevel=2)
         return False
 
-    def restore(self) -> None:
+    def restore(self, count: bool = True) -> None:
+        """Load the snapshot; ``count=False`` does not use up one of ``max_restores``."""
         from yolofast.engine.distributed import unwrap_model
 
         t, s = self.trainer, self._state
@@ -110,7 +111,7 @@ class NonFiniteGuard:
         for g in t.optimizer.param_groups:  # the snapshot's tensor lrs are CPU copies
             if torch.is_tensor(g.get("lr")):
                 g["lr"] = float(g["lr"])
-        self.restores += 1
+        self.restores += int(count)
         self.streak = 0
 
     def _last_good(self) -> str:
@@ -134,8 +135,9 @@ class OutOfMemoryHalving:
         self.trainer, self.max_halvings = trainer, max_halvings
         self.halvings = 0
 
-    def halve(self, err: BaseException, epoch: int, step: int) -> int:
-        """Handle ``err`` raised in step ``step`` of ``epoch``; returns the step index to go on from."""
+    def halve(self, err: BaseException, epoch: int, step: int, images_done: int) -> int:
+        """Handle ``err`` raised in step ``step`` of ``epoch`` after ``images_done`` images of the epoch were
+        trained on; returns the step index (at the new batch size) to go on from."""
         t = self.trainer
         old = t.batch_size
         where = f"at epoch {epoch + 1} step {step}"
@@ -147,12 +149,16 @@ class OutOfMemoryHalving:
             raise torch.OutOfMemoryError(
                 f"out of memory {where} with batch={old} after {self.halvings} halving(s); use a smaller "
                 f"batch or imgsz, amp=True, or a larger device") from err
+        if getattr(t.train_loader, "dataset", None) is None:
+            raise torch.OutOfMemoryError(
+                f"out of memory {where} with batch={old}; the train loader (a custom get_dataloader) has no "
+                f".dataset to rebuild at a smaller batch: restart with batch={old // 2}") from err
         # The step's gradients may be half-written (backward died part-way): drop them, and with them the
         # at most `accumulate - 1` batches accumulated before it.
         t.optimizer.zero_grad(set_to_none=True)
         self.halvings += 1
         new = old // 2
         warnings.warn(f"out of memory {where} with batch={old}: halving to batch={new} ({self.halvings}/"
-                      f"{self.max_halvings}); the epoch goes on from image {step * old}", stacklevel=2)
-        t.rebuild_train_loader(new, epoch, skip=step * old)
-        return step * old // new
+                      f"{self.max_halvings}); the epoch goes on from image {images_done}", stacklevel=2)
+        t.rebuild_train_loader(new, epoch, skip=images_done)
+        return images_done // new

@@ -390,11 +390,14 @@ class Trainer:
         auto, fraction = resolve_batch(a.batch)
         self.batch_size = max(DEFAULTS["batch"] if auto else a.batch // self.world_size, 1)
         self.train_loader = self.get_dataloader(self.data["train"], self.batch_size, mode="train")
-        if auto:  # the largest batch whose step fits `fraction` of the GPU, at the data's largest GT count
+        if auto and self.world_size > 1:
+            # Profiling on rank 0 alone would run SyncBN / DDP collectives the other ranks never join.
+            self.log(f"AutoBatch: single-process only; under DDP keeping batch {DEFAULTS['batch']} per rank "
+                     f"(pass batch=N for another size)")
+        elif auto:  # the largest batch whose step fits `fraction` of the GPU, at the data's largest GT count
             max_gt = autobatch_gt(self.train_loader.dataset, a.mosaic)
-            b = rank0_broadcast(lambda: autobatch(self.model, self.criterion, a.imgsz, self.device, fraction,
-                                                  max_gt=max_gt, amp_dtype=self.amp_dtype,
-                                                  default=DEFAULTS["batch"], log=self.log))
+            b = autobatch(self.model, self.criterion, a.imgsz, self.device, fraction, max_gt=max_gt,
+                          amp_dtype=self.amp_dtype, default=DEFAULTS["batch"], log=self.log)
             self.rebuild_train_loader(b, epoch=0)
         a.batch = self.batch_size * self.world_size  # the resolved total, as checkpoints and resume see it
         self.val_loader = self.get_dataloader(self.data[a.split], self.batch_size * 2, mode="val")
@@ -434,7 +437,7 @@ class Trainer:
         elif graph_why == []:
             bucket = autobatch_gt(self.train_loader.dataset, a.mosaic)  # GT rows of the captured batch
             self.graph = GraphedTrainStep(self.model, self.train_loss, self.optimizer, self.ema,
-                                          self.amp_dtype, gt_bucket=bucket)
+                                          self.amp_dtype, gt_bucket=bucket, batch_size=self.batch_size)
 
         if self.resume_ckpt is not None:
             self._restore(self._resume_state)
@@ -510,6 +513,9 @@ class Trainer:
             sampler = getattr(self.train_loader, "sampler", None)
             if hasattr(sampler, "set_epoch"):
                 sampler.set_epoch(epoch)
+            if len(self.train_loader) != self.nb:  # the first whole epoch after an out-of-memory halving
+                self.nb = len(self.train_loader)
+                self.nw = optim.warmup_iters(a.warmup_epochs, self.epochs, self.nb)
             if a.close_mosaic and epoch == self.epochs - a.close_mosaic:
                 self.log("Closing dataloader mosaic")
                 self._close_mosaic()
@@ -534,7 +540,7 @@ class Trainer:
                 try:
                     items = self.train_batch(batch, epoch, i, ni)
                 except torch.OutOfMemoryError as e:  # half the batch; this batch's images come next
-                    i = self.oom.halve(e, epoch, i)
+                    i = self.oom.halve(e, epoch, i, self.epoch_images)
                     self.last_opt_step = i + self.nb * epoch - 1
                     pbar.total, pbar.n = self.nb, i
                     continue
@@ -615,7 +621,7 @@ class Trainer:
             # and the eager step, which can, from here on.
             self.graph.disable("non-finite loss")
             if self.nonfinite.streak:  # (check() restored by itself when this ended a streak)
-                self.nonfinite.restore()
+                self.nonfinite.restore(count=False)  # not the loss's fault: the graph could not skip
             return None
         self.last_opt_step = ni
         self.run_callbacks("optimizer_step")
@@ -663,12 +669,14 @@ class Trainer:
         """(i, batch) over one epoch. When an out-of-memory halving replaces the loader mid-epoch, the rest
         of the epoch comes from the new one (it starts where the old one failed), numbered in its batches."""
         i, loader = 0, self.train_loader
+        self.epoch_images = 0  # images before the current batch: where a halved loader starts
         while True:
             for batch in loader:
                 yield i, batch
                 if self.train_loader is not loader:
                     break
                 i += 1
+                self.epoch_images += batch["img"].shape[0]
             else:
                 return
             loader = self.train_loader
@@ -692,6 +700,9 @@ class Trainer:
         self.nb = skip // batch_size + len(self.train_loader)
         self.accumulate = optim.accumulate_steps(a.nbs, a.batch)
         self.nw = optim.warmup_iters(a.warmup_epochs, self.epochs, self.nb)
+        if hasattr(self, "optimizer"):  # weight decay is sized for batch x accumulate (group 1: the weights)
+            decay = optim.scaled_weight_decay(a.weight_decay, a.batch, self.accumulate, a.nbs)
+            self.optimizer.param_groups[1]["weight_decay"] = decay
 
     def _progress(self, epoch: int):
         it = self._epoch_batches()
