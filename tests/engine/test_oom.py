@@ -29,15 +29,16 @@ class _OOMModel(torch.nn.Module):
     """Wraps the train model: raises the CUDA out-of-memory error when ``fail(n_images)`` says so and
     records, per epoch, the files of every batch that did run."""
 
-    def __init__(self, trainer, fail):
+    def __init__(self, trainer, fail, error=None):
         super().__init__()
         self.trainer, self.inner, self.fail = trainer, trainer.train_model, fail
+        self.error = error or (lambda n: torch.OutOfMemoryError(f"CUDA out of memory (batch {n})"))
         self.calls = 0
 
     def forward(self, img):
         self.calls += 1
         if self.fail(img.shape[0], self.calls):
-            raise torch.OutOfMemoryError(f"CUDA out of memory (batch {img.shape[0]})")
+            raise self.error(img.shape[0])
         self.trainer.seen.setdefault(self.trainer.epoch, []).extend(self.trainer.files)
         return self.inner(img)
 
@@ -48,10 +49,11 @@ class _Recording(Trainer):
         return super().preprocess_batch(batch)
 
 
-def _train(shapes, tmp_path, name, fail=lambda n, c: False, **kw):
+def _train(shapes, tmp_path, name, fail=lambda n, c: False, error=None, **kw):
     t = _Recording(data=shapes, project=tmp_path, name=name, **{**FAST, **kw})
     t.seen = {}
-    t.add_callback("on_pretrain_routine_end", lambda tr: setattr(tr, "train_model", _OOMModel(tr, fail)))
+    t.add_callback("on_pretrain_routine_end",
+                   lambda tr: setattr(tr, "train_model", _OOMModel(tr, fail, error)))
     return t, t.train()
 
 
@@ -83,6 +85,16 @@ def test_oom_odd_batch_twice_mid_epoch(shapes, tmp_path):
     assert t.batch_size == 1 and t.oom.halvings == 2
     assert t.seen[0] == ref.seen[0] and len(t.seen[1]) == 12 and sorted(t.seen[1]) == sorted(ref.seen[1])
     assert t.nb == 12 and t.last_opt_step == 2 * 12 - 1  # epoch 2's last batch stepped (ni = 12 + 11)
+
+
+def test_cudnn_alloc_failure_counts_as_oom_other_errors_do_not(shapes, tmp_path):
+    """cuDNN reports a failed workspace allocation as a plain RuntimeError: halved like an OOM."""
+    t, _ = _train(shapes, tmp_path, "cudnn", fail=lambda n, c: c == 1, batch=4, epochs=1,
+                  error=lambda n: RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"))
+    assert t.batch_size == 2 and len(t.seen[0]) == 12
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        _train(shapes, tmp_path, "other", fail=lambda n, c: c == 1, batch=4, epochs=1,
+               error=lambda n: RuntimeError("shape mismatch"))
 
 
 def test_oom_halving_repeats_within_one_batch(shapes, tmp_path):

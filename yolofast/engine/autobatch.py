@@ -24,6 +24,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from yolofast.engine.recovery import is_out_of_memory
+
 __all__ = ["MEMORY_COLUMNS", "memory_usage", "cpu_rss_gb", "autobatch", "resolve_batch", "max_gt_count",
            "autobatch_gt"]
 
@@ -111,12 +113,6 @@ def _train_step(model, loss_fn, imgsz: int, b: int, max_gt: int, device: torch.d
     loss.backward()
 
 
-def _is_oom(e: BaseException) -> bool:
-    # cuDNN/cuBLAS report a failed workspace allocation as a plain RuntimeError, not OutOfMemoryError.
-    return isinstance(e, torch.OutOfMemoryError) or (
-        isinstance(e, RuntimeError) and ("out of memory" in str(e) or "ALLOC_FAILED" in str(e)))
-
-
 class _KeepState:
     """Restores train/eval mode, buffers (BatchNorm running stats move in a train-mode forward) and .grad of
     every parameter on exit, so profiling leaves the model exactly as it found it."""
@@ -154,7 +150,7 @@ def _measure(profile: Callable[[int], int], batch_sizes: Sequence[int], log):
         try:
             mem = int(profile(int(b)))
         except (torch.OutOfMemoryError, RuntimeError) as e:
-            if not _is_oom(e):
+            if not is_out_of_memory(e):
                 raise
             oom_at = int(b)
             log(f"AutoBatch: batch {b} ran out of memory; larger sizes are not profiled")

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-__all__ = ["NonFiniteGuard", "NonFiniteLossError"]
+__all__ = ["NonFiniteGuard", "NonFiniteLossError", "OutOfMemoryHalving", "is_out_of_memory"]
 
 
 class NonFiniteLossError(RuntimeError):
@@ -119,6 +119,12 @@ class NonFiniteGuard:
         if last is not None and Path(last).is_file():
             return str(last)
         return "none written yet (the start of training)"
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    # cuDNN/cuBLAS report a failed workspace allocation as a plain RuntimeError, not OutOfMemoryError.
+    return isinstance(e, torch.OutOfMemoryError) or (
+        isinstance(e, RuntimeError) and ("out of memory" in str(e) or "ALLOC_FAILED" in str(e)))
 
 
 class OutOfMemoryHalving:

@@ -64,7 +64,7 @@ from yolofast.engine.distributed import (
     rank0_broadcast,
     unwrap_model,
 )
-from yolofast.engine.recovery import NonFiniteGuard, OutOfMemoryHalving
+from yolofast.engine.recovery import NonFiniteGuard, OutOfMemoryHalving, is_out_of_memory
 from yolofast.engine.validate_args import validate_args
 
 __all__ = ["Trainer", "RESULTS_COLUMNS", "select_device", "increment_path", "init_seeds"]
@@ -539,7 +539,9 @@ class Trainer:
                 batch = self.preprocess_batch(batch)
                 try:
                     items = self.train_batch(batch, epoch, i, ni)
-                except torch.OutOfMemoryError as e:  # half the batch; this batch's images come next
+                except RuntimeError as e:  # out of memory: half the batch; this batch's images come next
+                    if not is_out_of_memory(e):
+                        raise
                     i = self.oom.halve(e, epoch, i, self.epoch_images)
                     self.last_opt_step = i + self.nb * epoch - 1
                     pbar.total, pbar.n = self.nb, i
