@@ -312,3 +312,14 @@ def test_sync_bn_needs_ddp_on_cuda(shapes, tmp_path):
     with pytest.warns(UserWarning, match="sync_bn=True needs DDP on CUDA"):
         t._setup_train()
     assert not any(isinstance(m, torch.nn.SyncBatchNorm) for m in t.model.modules())
+
+
+def test_resume_keeps_the_optimizer_auto_chose(shapes, tmp_path):
+    """optimizer=auto picks AdamW for short runs and SGD past 10k iterations: a resume that extends epochs
+    past that line must keep the run's AdamW (an SGD cannot load its state)."""
+    Trainer(data=shapes, epochs=1, project=tmp_path, name="auto", **FAST).train()
+    last = tmp_path / "auto" / "weights" / "last.pt"
+    assert load_checkpoint(last)["optimizer_auto"][0] == "AdamW"
+    t = Trainer(resume=str(last), epochs=20_000)  # 20k iterations: a fresh auto choice would be SGD
+    t._setup_train()
+    assert isinstance(t.optimizer, torch.optim.AdamW) and t.start_epoch == 1

@@ -416,9 +416,15 @@ class Trainer:
         iterations = math.ceil(len(self.train_loader.dataset) / max(a.batch, a.nbs)) * self.epochs
         graph_why = graph_blockers(self.device, compile_mode(a.compile)[0], self.world_size > 1,
                                    self.accumulate, self.scaler.is_enabled()) if a.cuda_graph else None
+        name, lr, momentum = a.optimizer, a.lr0, a.momentum
+        if name == "auto" and self.resume_ckpt is not None and self._resume_state.get("optimizer_auto"):
+            # The resumed run's own choice: extending `epochs` changes the iteration count auto decides by,
+            # and an SGD cannot load an AdamW state.
+            name, lr, momentum = self._resume_state["optimizer_auto"]
         self.optimizer, name, lr, momentum = optim.build_optimizer(
-            self.model, a.optimizer, a.lr0, a.momentum, decay, iterations, nc=self.data["nc"],
+            self.model, name, lr, momentum, decay, iterations, nc=self.data["nc"],
             extra=optimizer_kwargs if graph_why == [] else None)
+        self.optimizer_auto = (name, lr, momentum) if a.optimizer == "auto" else None
         if a.optimizer == "auto":
             # The 0.1 bias warmup lr is sized for SGD lr 0.01; from an auto-chosen lr it would blow up biases.
             self.warmup_bias_lr = 0.0
@@ -755,6 +761,7 @@ class Trainer:
             "ema": self.ema.ema,
             "updates": self.ema.updates,
             "optimizer": self.optimizer.state_dict(),
+            "optimizer_auto": self.optimizer_auto,  # what optimizer=auto chose: a resume keeps it
             "scaler": self.scaler.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "train_args": args,
