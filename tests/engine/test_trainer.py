@@ -323,3 +323,13 @@ def test_resume_keeps_the_optimizer_auto_chose(shapes, tmp_path):
     t = Trainer(resume=str(last), epochs=20_000)  # 20k iterations: a fresh auto choice would be SGD
     t._setup_train()
     assert isinstance(t.optimizer, torch.optim.AdamW) and t.start_epoch == 1
+
+
+def test_compiled_runs_drop_the_short_last_batch(shapes, tmp_path):
+    """compile=True: 8 images at batch 3 -> 2 full batches (a third of 2 images would be another compile)."""
+    t = Trainer(data=shapes, epochs=1, project=tmp_path, compile=True, **{**FAST, "batch": 3})
+    t._setup_train()
+    assert t.train_loader.drop_last and t.nb == 2
+    eager = Trainer(data=shapes, epochs=1, project=tmp_path, **{**FAST, "batch": 3})
+    eager._setup_train()
+    assert not eager.train_loader.drop_last and eager.nb == 3

@@ -290,7 +290,15 @@ class Trainer:
         dataset = build_dataset(img_path, imgsz=a.imgsz, augment=train, hyp=hyp, stride=stride, cache=a.cache,
                                 prefix=f"{mode}: ", nc=self.data["nc"])
         rank = self.rank if train else -1  # validation runs on rank 0 over the whole split
-        return build_dataloader(dataset, batch_size, a.workers, shuffle=train, rank=rank, seed=a.seed)
+        return build_dataloader(dataset, batch_size, a.workers, shuffle=train, rank=rank, seed=a.seed,
+                                drop_last=train and self._static_batches(len(dataset), batch_size))
+
+    def _static_batches(self, n_images: int, batch_size: int) -> bool:
+        """Drop an epoch's short last batch when the step is compiled or graphed: a batch of another size
+        is one more compile (or an eager step beside the graph). The order is reshuffled every epoch, so
+        no image is left out for good."""
+        static = compile_mode(self.args.compile)[0] or (self.args.cuda_graph and self.device.type == "cuda")
+        return static and n_images >= batch_size
 
     def get_loss(self, model: nn.Module):
         """``loss(feats, batch) -> (total, items)``: DetectionLoss with the recipe's box/cls/dfl gains."""
@@ -698,8 +706,9 @@ class Trainer:
         from yolofast.data import build_dataloader
 
         a = self.args
-        self.train_loader = build_dataloader(self.train_loader.dataset, batch_size, a.workers, shuffle=True,
-                                             rank=self.rank, seed=a.seed)
+        ds = self.train_loader.dataset
+        self.train_loader = build_dataloader(ds, batch_size, a.workers, shuffle=True, rank=self.rank,
+                                             seed=a.seed, drop_last=self._static_batches(len(ds), batch_size))
         self.train_loader.sampler.start_at(epoch, skip)
         self.batch_size = batch_size
         a.batch = batch_size * self.world_size
