@@ -50,7 +50,14 @@ from tqdm import tqdm
 from yolofast.cfg import DEFAULTS, CfgError, get_cfg
 from yolofast.engine import checkpoint as ckpt_io
 from yolofast.engine import optim
-from yolofast.engine.autobatch import MEMORY_COLUMNS, autobatch, autobatch_gt, memory_usage, resolve_batch
+from yolofast.engine.autobatch import (
+    MEMORY_COLUMNS,
+    autobatch,
+    autobatch_gt,
+    cpu_rss_gb,
+    memory_usage,
+    resolve_batch,
+)
 from yolofast.engine.callbacks import Callbacks
 from yolofast.engine.compile import compile_mode, train_step_modules
 from yolofast.engine.cudagraph import GraphedTrainStep, graph_blockers, optimizer_kwargs
@@ -136,13 +143,8 @@ def cpu_has_native_bf16() -> bool:
 
 
 def _memory_gb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.memory_reserved(device) / 1e9
-    try:  # resident set size of this process
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e9
-    except (OSError, ValueError):
-        return 0.0
+    """For the progress bar: CUDA memory reserved now, or this process's resident set size."""
+    return torch.cuda.memory_reserved(device) / 1e9 if device.type == "cuda" else cpu_rss_gb()
 
 
 class _ValBatchEvents:
