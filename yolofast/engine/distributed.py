@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 __all__ = ["get_rank", "get_local_rank", "get_world_size", "is_main_process", "is_distributed",
            "unwrap_model", "init_distributed", "wrap_ddp", "rank0_broadcast", "broadcast_flag",
-           "destroy_distributed", "ddp_timeout"]
+           "barrier", "destroy_distributed", "ddp_timeout"]
 
 
 def get_rank() -> int:
@@ -119,6 +119,15 @@ def broadcast_flag(flag: bool) -> bool:
         t = t.cuda()
     dist.broadcast(t, src=0)
     return bool(t.item())
+
+
+def barrier() -> None:
+    """Wait for every rank (no-op in one process)."""
+    if is_distributed():
+        if dist.get_backend() == "nccl":
+            dist.barrier(device_ids=[torch.cuda.current_device()])
+        else:
+            dist.barrier()
 
 
 def destroy_distributed() -> None:

@@ -62,6 +62,7 @@ from yolofast.engine.callbacks import Callbacks
 from yolofast.engine.compile import compile_mode, train_step_modules
 from yolofast.engine.cudagraph import GraphedTrainStep, graph_blockers, optimizer_kwargs
 from yolofast.engine.distributed import (
+    barrier,
     broadcast_flag,
     destroy_distributed,
     get_rank,
@@ -241,6 +242,9 @@ class Trainer:
         self.run_callbacks("on_pretrain_routine_end")
         try:
             self._do_train()
+            # Ranks end together: rank 1 tearing its gloo group down while rank 0 was still saving aborted
+            # it once in CI ("terminate called without an active exception", SIGABRT after the last epoch).
+            barrier()
         finally:
             self.run_callbacks("teardown")
             destroy_distributed()
