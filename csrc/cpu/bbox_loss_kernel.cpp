@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "cpu_common.h"
+#include "op_checks.h"
 
 namespace yolofast {
 namespace {
@@ -258,26 +259,9 @@ std::vector<double> run(const at::Tensor& pd, const at::Tensor& ps, const at::Te
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bbox_loss_cpu(
     const at::Tensor& pred_dist, const at::Tensor& pred_scores, const at::Tensor& anchor_points,
     const at::Tensor& target_bboxes, const at::Tensor& target_scores, const at::Tensor& fg_mask) {
-  TORCH_CHECK(pred_dist.dim() == 3 && pred_dist.size(2) % 4 == 0,
-              "yolofast::bbox_loss: pred_dist must be (B, A, 4*reg_max), got ", pred_dist.sizes());
-  const int64_t B = pred_dist.size(0), A = pred_dist.size(1), R4 = pred_dist.size(2);
-  TORCH_CHECK(R4 / 4 >= 2 && R4 / 4 <= kMaxRegMax, "yolofast::bbox_loss: reg_max must be in [2, ", kMaxRegMax,
-              "], got ", R4 / 4);
-  TORCH_CHECK(pred_scores.dim() == 3 && pred_scores.size(0) == B && pred_scores.size(1) == A,
-              "yolofast::bbox_loss: pred_scores must be (B, A, C) = (", B, ", ", A, ", C), got ",
-              pred_scores.sizes());
-  const int64_t C = pred_scores.size(2);
-  TORCH_CHECK(anchor_points.dim() == 2 && anchor_points.size(0) == A && anchor_points.size(1) == 2,
-              "yolofast::bbox_loss: anchor_points must be (A, 2) = (", A, ", 2), got ", anchor_points.sizes());
-  TORCH_CHECK(target_bboxes.dim() == 3 && target_bboxes.size(0) == B && target_bboxes.size(1) == A &&
-                  target_bboxes.size(2) == 4,
-              "yolofast::bbox_loss: target_bboxes must be (B, A, 4), got ", target_bboxes.sizes());
-  TORCH_CHECK(target_scores.sizes() == pred_scores.sizes(), "yolofast::bbox_loss: target_scores ",
-              target_scores.sizes(), " must have pred_scores' shape ", pred_scores.sizes());
-  TORCH_CHECK(fg_mask.dim() == 2 && fg_mask.size(0) == B && fg_mask.size(1) == A,
-              "yolofast::bbox_loss: fg_mask must be (B, A), got ", fg_mask.sizes());
-  TORCH_CHECK(pred_dist.is_floating_point() && pred_scores.is_floating_point(),
-              "yolofast::bbox_loss: pred_dist and pred_scores must be floating point");
+  yolofast_checks::bbox_loss_shapes(pred_dist, pred_scores, anchor_points, target_bboxes, target_scores, fg_mask,
+                                    kMaxRegMax);
+  const int64_t B = pred_dist.size(0), A = pred_dist.size(1), R4 = pred_dist.size(2), C = pred_scores.size(2);
 
   const bool dbl = pred_dist.scalar_type() == at::kDouble || pred_scores.scalar_type() == at::kDouble;
   const auto ct = dbl ? at::kDouble : at::kFloat;

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "cpu_common.h"
+#include "op_checks.h"
 #include "tal_assign_geometry.h"
 #include "tal_assign_math.h"
 
@@ -387,34 +388,10 @@ at::Tensor aspect_atan(const at::Tensor& box) {
   return out;
 }
 
-void check_shapes(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
-                  const at::Tensor& gt_labels, const at::Tensor& gt_bboxes, const at::Tensor& mask_gt,
-                  int64_t topk) {
-  TORCH_CHECK(pd_scores.dim() == 3, "tal_assign: pd_scores must be (B, A, C), got ", pd_scores.sizes());
-  const int64_t B = pd_scores.size(0), A = pd_scores.size(1);
-  TORCH_CHECK(pd_bboxes.dim() == 3 && pd_bboxes.size(0) == B && pd_bboxes.size(1) == A &&
-                  pd_bboxes.size(2) == 4,
-              "tal_assign: pd_bboxes must be (B, A, 4) = (", B, ", ", A, ", 4), got ", pd_bboxes.sizes());
-  TORCH_CHECK(anc_points.dim() == 2 && anc_points.size(0) == A && anc_points.size(1) == 2,
-              "tal_assign: anc_points must be (A, 2) = (", A, ", 2), got ", anc_points.sizes());
-  TORCH_CHECK(gt_bboxes.dim() == 3 && gt_bboxes.size(0) == B && gt_bboxes.size(2) == 4,
-              "tal_assign: gt_bboxes must be (B, M, 4) with B = ", B, ", got ", gt_bboxes.sizes());
-  const int64_t M = gt_bboxes.size(1);
-  TORCH_CHECK(gt_labels.numel() == B * M && (gt_labels.dim() < 1 || gt_labels.size(0) == B),
-              "tal_assign: gt_labels must be (B, M, 1) = (", B, ", ", M, ", 1), got ", gt_labels.sizes());
-  TORCH_CHECK(mask_gt.numel() == B * M && (mask_gt.dim() < 1 || mask_gt.size(0) == B),
-              "tal_assign: mask_gt must be (B, M, 1) = (", B, ", ", M, ", 1), got ", mask_gt.sizes());
-  TORCH_CHECK(topk >= 0, "tal_assign: topk must be >= 0, got ", topk);
-  TORCH_CHECK(A < std::numeric_limits<int32_t>::max() && M < std::numeric_limits<int32_t>::max(),
-              "tal_assign: A and M must be below 2^31, got A = ", A, ", M = ", M);
-  TORCH_CHECK(at::isFloatingType(pd_scores.scalar_type()),
-              "tal_assign: pd_scores must be floating point (sigmoid scores), got ", pd_scores.scalar_type());
-}
-
 Outputs tal_assign_cpu(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
                        const at::Tensor& gt_labels, const at::Tensor& gt_bboxes, const at::Tensor& mask_gt,
                        int64_t topk, double alpha, double beta, double eps) {
-  check_shapes(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk);
+  yolofast_checks::tal_assign_shapes(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk);
   const int64_t B = pd_scores.size(0), A = pd_scores.size(1), C = pd_scores.size(2), M = gt_bboxes.size(1);
   if (M == 0) {  // no GT slot at all: everything is background of class C (DESIGN §2.1 step 6)
     return {at::full({B, A}, C, pd_scores.options().dtype(at::kLong)),

@@ -15,6 +15,7 @@
 #include <tuple>
 
 #include "cuda_launchers.h"
+#include "op_checks.h"
 
 namespace yolofast {
 namespace cuda {
@@ -52,25 +53,9 @@ void check_device(const at::Tensor& ref, std::initializer_list<std::pair<const c
 void tal_check_shapes(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
                       const at::Tensor& gt_labels, const at::Tensor& gt_bboxes, const at::Tensor& mask_gt,
                       int64_t topk) {
-  TORCH_CHECK(pd_scores.dim() == 3, "tal_assign: pd_scores must be (B, A, C), got ", pd_scores.sizes());
-  const int64_t B = pd_scores.size(0), A = pd_scores.size(1);
-  TORCH_CHECK(pd_bboxes.dim() == 3 && pd_bboxes.size(0) == B && pd_bboxes.size(1) == A && pd_bboxes.size(2) == 4,
-              "tal_assign: pd_bboxes must be (B, A, 4) = (", B, ", ", A, ", 4), got ", pd_bboxes.sizes());
-  TORCH_CHECK(anc_points.dim() == 2 && anc_points.size(0) == A && anc_points.size(1) == 2,
-              "tal_assign: anc_points must be (A, 2) = (", A, ", 2), got ", anc_points.sizes());
-  TORCH_CHECK(gt_bboxes.dim() == 3 && gt_bboxes.size(0) == B && gt_bboxes.size(2) == 4,
-              "tal_assign: gt_bboxes must be (B, M, 4) with B = ", B, ", got ", gt_bboxes.sizes());
-  const int64_t M = gt_bboxes.size(1);
-  TORCH_CHECK(gt_labels.numel() == B * M && (gt_labels.dim() < 1 || gt_labels.size(0) == B),
-              "tal_assign: gt_labels must be (B, M, 1) = (", B, ", ", M, ", 1), got ", gt_labels.sizes());
-  TORCH_CHECK(mask_gt.numel() == B * M && (mask_gt.dim() < 1 || mask_gt.size(0) == B),
-              "tal_assign: mask_gt must be (B, M, 1) = (", B, ", ", M, ", 1), got ", mask_gt.sizes());
-  TORCH_CHECK(topk >= 0, "tal_assign: topk must be >= 0, got ", topk);
-  TORCH_CHECK(A < std::numeric_limits<int32_t>::max() && M < std::numeric_limits<int32_t>::max(),
-              "tal_assign: A and M must be below 2^31, got A = ", A, ", M = ", M);
-  TORCH_CHECK(B <= 65535, "tal_assign (CUDA): the batch must be <= 65535 images (one grid row each), got ", B);
-  TORCH_CHECK(at::isFloatingType(pd_scores.scalar_type()),
-              "tal_assign: pd_scores must be floating point (sigmoid scores), got ", pd_scores.scalar_type());
+  yolofast_checks::tal_assign_shapes(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk);
+  TORCH_CHECK(pd_scores.size(0) <= 65535,
+              "tal_assign (CUDA): the batch must be <= 65535 images (one grid row each), got ", pd_scores.size(0));
 }
 
 Outputs5 tal_assign_cuda(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
@@ -127,25 +112,10 @@ Outputs5 tal_assign_cuda(const at::Tensor& pd_scores, const at::Tensor& pd_bboxe
 // ------------------------------------------------------------------------------------------- bbox_loss
 Outputs5 bbox_loss_cuda(const at::Tensor& pred_dist, const at::Tensor& pred_scores, const at::Tensor& anchor_points,
                         const at::Tensor& target_bboxes, const at::Tensor& target_scores, const at::Tensor& fg_mask) {
-  TORCH_CHECK(pred_dist.dim() == 3 && pred_dist.size(2) % 4 == 0,
-              "yolofast::bbox_loss: pred_dist must be (B, A, 4*reg_max), got ", pred_dist.sizes());
+  yolofast_checks::bbox_loss_shapes(pred_dist, pred_scores, anchor_points, target_bboxes, target_scores, fg_mask,
+                                    kBboxMaxRegMax);
   const int64_t B = pred_dist.size(0), A = pred_dist.size(1), R4 = pred_dist.size(2), R = R4 / 4;
-  TORCH_CHECK(R >= 2 && R <= kBboxMaxRegMax, "yolofast::bbox_loss: reg_max must be in [2, ", kBboxMaxRegMax,
-              "], got ", R);
-  TORCH_CHECK(pred_scores.dim() == 3 && pred_scores.size(0) == B && pred_scores.size(1) == A,
-              "yolofast::bbox_loss: pred_scores must be (B, A, C) = (", B, ", ", A, ", C), got ", pred_scores.sizes());
   const int64_t C = pred_scores.size(2);
-  TORCH_CHECK(anchor_points.dim() == 2 && anchor_points.size(0) == A && anchor_points.size(1) == 2,
-              "yolofast::bbox_loss: anchor_points must be (A, 2) = (", A, ", 2), got ", anchor_points.sizes());
-  TORCH_CHECK(target_bboxes.dim() == 3 && target_bboxes.size(0) == B && target_bboxes.size(1) == A &&
-                  target_bboxes.size(2) == 4,
-              "yolofast::bbox_loss: target_bboxes must be (B, A, 4), got ", target_bboxes.sizes());
-  TORCH_CHECK(target_scores.sizes() == pred_scores.sizes(), "yolofast::bbox_loss: target_scores ",
-              target_scores.sizes(), " must have pred_scores' shape ", pred_scores.sizes());
-  TORCH_CHECK(fg_mask.dim() == 2 && fg_mask.size(0) == B && fg_mask.size(1) == A,
-              "yolofast::bbox_loss: fg_mask must be (B, A), got ", fg_mask.sizes());
-  TORCH_CHECK(pred_dist.is_floating_point() && pred_scores.is_floating_point(),
-              "yolofast::bbox_loss: pred_dist and pred_scores must be floating point");
   check_device(pred_dist,
                {{"pred_scores", &pred_scores}, {"anchor_points", &anchor_points}, {"target_bboxes", &target_bboxes},
                 {"target_scores", &target_scores}, {"fg_mask", &fg_mask}},

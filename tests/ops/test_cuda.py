@@ -139,6 +139,7 @@ def build_emulation() -> str:
     """Compiles csrc/cuda + the emulation runtime for the CPU (cached by content); returns the library."""
     src = _build.csrc_dir() / "cuda"
     files = sorted(p for p in src.iterdir() if p.suffix in (".cu", ".cuh", ".h", ".cpp"))
+    files += sorted((src.parent / "common").glob("*.h"))  # shared argument checks, copied beside the rest
     emu_files = sorted(p for p in EMU_DIR.rglob("*") if p.is_file() and p.suffix in (".h", ".cpp"))
     h = hashlib.sha256(torch.__version__.encode())
     for p in files + emu_files:

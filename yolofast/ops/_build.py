@@ -166,8 +166,9 @@ def _nvcc_path() -> str:
 
 
 def _headers(root: Path, kind: str = "cpu") -> list[Path]:
-    """The headers that a build of ``kind`` ("cpu" or "cuda") depends on (part of its cache key)."""
-    return sorted(p for ext in ("*.h", "*.cuh") for p in (root / kind).glob(ext))
+    """The headers that a build of ``kind`` ("cpu" or "cuda") depends on (part of its cache key): its own
+    and csrc/common's (the argument checks both backends share)."""
+    return sorted(p for d in (kind, "common") for ext in ("*.h", "*.cuh") for p in (root / d).glob(ext))
 
 
 def _nvidia_include_dirs() -> list[str]:
@@ -322,7 +323,7 @@ def _load_with(cpp_extension, root: Path, sources, build_dir: Path, cuda: bool, 
         sources=[str(s) for s in sources],
         extra_cflags=list(CPU_FLAGS),
         extra_ldflags=list(LD_FLAGS),
-        extra_include_paths=[str(root / "cpu")],
+        extra_include_paths=[str(root / "cpu"), str(root / "common")],
         build_directory=str(build_dir),
         verbose=verbose,
         with_cuda=False,
@@ -495,7 +496,7 @@ def _compile_cuda(root: Path, sources, build_dir: Path, arch: str, verbose: bool
             extra_cflags=list(CUDA_HOST_FLAGS),
             extra_cuda_cflags=list(CUDA_FLAGS),
             extra_ldflags=_cuda_link_flags(build_dir),
-            extra_include_paths=[str(root / "cuda"), *extra_inc],
+            extra_include_paths=[str(root / "cuda"), str(root / "common"), *extra_inc],
             build_directory=str(build_dir),
             verbose=verbose,
             with_cuda=True,
