@@ -75,6 +75,16 @@ def _init_model(nc: int, device: torch.device):
     return build_model("yolov8n", nc=nc).to(device).train()
 
 
+def _backward_step(loss, opt, device: torch.device):
+    """The rest of a timed step, the same for yolofast and Ultralytics: backward, SGD step, zero_grad."""
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return loss.detach()
+
+
 def make_step(variant: str, imgsz: int, batch: int, nc: int, device: torch.device, n_gt: int = 8):
     """A zero-argument train step returning the detached loss; ``variant``: one of ``_YOLOFAST_VARIANTS``."""
     if variant not in _YOLOFAST_VARIANTS:
@@ -97,12 +107,7 @@ def make_step(variant: str, imgsz: int, batch: int, nc: int, device: torch.devic
         with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
             feats = fwd(img)
         loss, _ = loss_fn([f.float() for f in feats], gt)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        return loss.detach()
+        return _backward_step(loss, opt, device)
 
     return step
 
@@ -200,13 +205,7 @@ def ultralytics_step(imgsz: int, batch: int, device: torch.device, nc: int = 80,
 
     def step():
         loss, _ = m.loss(ubatch)
-        loss = loss.sum()
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        return loss.detach()
+        return _backward_step(loss.sum(), opt, device)
 
     return step
 
