@@ -6,20 +6,10 @@ import pytest
 import torch
 
 from yolofast.boxes import make_anchors
-from yolofast.ops import _build, reference
+from yolofast.ops import reference
 from yolofast.ops._backend import backend
 
 REG_MAX = 16
-
-
-@pytest.fixture(scope="module")
-def lib():
-    ok, why = _build.extension_status("cpp")
-    if not ok:
-        pytest.skip(f"C++ extension unavailable ({why}); tests/ops/test_build.py reports the failure")
-    from yolofast.ops import _library
-
-    return _library
 
 
 def anchors_640(dtype=torch.float32):

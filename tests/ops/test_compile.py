@@ -5,18 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from yolofast.ops import _build, reference
+from yolofast.ops import reference
 from yolofast.ops._backend import backend
-
-
-@pytest.fixture(scope="module")
-def lib():
-    ok, why = _build.extension_status("cpp")
-    if not ok:
-        pytest.skip(f"C++ extension unavailable ({why}); tests/ops/test_build.py reports the failure")
-    from yolofast.ops import _library
-
-    return _library
 
 
 @pytest.fixture(autouse=True)

@@ -5,21 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from yolofast.ops import _build, reference
+from yolofast.ops import reference
 from yolofast.ops._backend import backend
 
 # Not multiples of the 16-float vector width, below and across the 64 Ki parallel grain.
 SIZES = (1, 15, 17, 1000, (1 << 16) + 7, 300_001)
-
-
-@pytest.fixture(scope="module")
-def lib():
-    ok, why = _build.extension_status("cpp")
-    if not ok:
-        pytest.skip(f"C++ extension unavailable ({why}); tests/ops/test_build.py reports the failure")
-    from yolofast.ops import _library
-
-    return _library
 
 
 def _pair(n, dtype, seed):
