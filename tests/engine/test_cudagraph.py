@@ -53,14 +53,11 @@ def _eager_step(model, crit, opt, ema, batch) -> float:
     return loss.item()
 
 
-@pytest.mark.cuda
-def test_replay_equals_eager():
-    """After one eager step (the optimizer needs its state before capture), batches 1, 2, 3 through the
-    captured step (capture on batch 1; its warm-up steps are undone) give the eager losses and EMA of the
-    same three steps; another batch shape is refused."""
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-    dev = torch.device("cuda")
+def _replay_equals_eager(dev):
+    """After one eager step (the optimizer needs its state before capture), the captured step (capture on
+    batch 1; its warm-up steps are undone) gives the eager losses and EMA over batches 1, 2, then an lr
+    change, an eager step on a short batch in between (the graph gets its gradient tensors back, zeroed)
+    and batch 3; a batch of another shape is refused."""
     torch.manual_seed(0)
     base = build_model(TINY, nc=3).to(dev).train()
     runs = []
@@ -71,21 +68,41 @@ def test_replay_equals_eager():
                               **optimizer_kwargs("sgd"))
         ema, crit = ModelEMA(model), DetectionLoss(3)
         _eager_step(model, crit, opt, ema, _batch(0, dev))
-        losses = []
+        step = None
         if graph:
             fresh = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, **optimizer_kwargs("sgd"))
             assert capture_train_step(model, crit, fresh, ema, _batch(1, dev)) is None  # no state yet
             step = capture_train_step(model, crit, opt, ema, _batch(1, dev))
             assert step is not None
-            for s in (1, 2, 3):
-                losses.append(step(_batch(s, dev))[0].item())
             with pytest.raises(ShapeMismatch):
                 step(_batch(4, dev, B=2))
-        else:
-            losses = [_eager_step(model, crit, opt, ema, _batch(s, dev)) for s in (1, 2, 3)]
+        losses = []
+        for s in (1, 2, "lr", "short", 3):
+            if s == "lr":
+                lr.fill_(0.004)
+            elif s == "short":
+                losses.append(_eager_step(model, crit, opt, ema, _batch(5, dev, B=2)))
+            elif graph:
+                losses.append(step(_batch(s, dev))[0].item())
+            else:
+                losses.append(_eager_step(model, crit, opt, ema, _batch(s, dev)))
         runs.append((losses, torch.cat([p.detach().flatten() for p in ema.ema.parameters()])))
     torch.testing.assert_close(torch.tensor(runs[1][0]), torch.tensor(runs[0][0]), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(runs[1][1], runs[0][1], rtol=1e-5, atol=1e-6)
+    return step
+
+
+@pytest.mark.cuda
+def test_replay_equals_eager():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    _replay_equals_eager(torch.device("cuda"))
+
+
+def test_replay_equals_eager_emulated(emulated_graphs):
+    """The same on the CPU emulator: capture, warm-up undo and replay logic without a GPU."""
+    step = _replay_equals_eager(torch.device("cpu"))
+    assert step.graph.replays == 3 and len(step.graph.calls) > 100
 
 
 def test_pad_gt_and_blockers():
@@ -119,13 +136,9 @@ def test_trainer_cuda_graph_on_cpu_warns_and_trains_eagerly(tmp_path):
     torch.use_deterministic_algorithms(False)
 
 
-@pytest.mark.cuda
-@pytest.mark.parametrize("optimizer", ["SGD", "AdamW"])
-def test_trainer_graph_run_equals_eager_run(tmp_path, optimizer):
+def _trainer_graph_run_equals_eager_run(tmp_path, device, **kw):
     """Two epochs of the real trainer, eager vs cuda_graph=True (same seed, same data): the per-epoch losses
-    and the final EMA agree, and the graph really replayed."""
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
+    and the final EMA agree, and the graph really replayed (captured at the first step after the warmup)."""
     from yolofast import Trainer
     from yolofast.data import make_shapes
 
@@ -133,17 +146,68 @@ def test_trainer_graph_run_equals_eager_run(tmp_path, optimizer):
     out = []
     for graph in (False, True):
         t = Trainer(model=TINY, data=data, imgsz=128, batch=4, nbs=4, epochs=2, workers=0, verbose=False,
-                    plots=False, val=False, optimizer=optimizer, lr0=0.002, warmup_epochs=0.5, device=0,
-                    cuda_graph=graph, project=tmp_path, name=f"g{int(graph)}")
+                    plots=False, val=False, lr0=0.002, warmup_epochs=0.5, device=device, cuda_graph=graph,
+                    project=tmp_path, name=f"g{int(graph)}", **kw)
         losses = []
         t.add_callback("on_train_epoch_end", lambda tr, losses=losses: losses.append(tr.tloss.clone()))
         t.train()
-        if graph:
-            assert t.graph is not None and t.graph.off is None and t.graph.replays >= 4
+        if graph:  # 8 steps, warmup nw = 2: eager 0..2, capture at 3, replays 3..7
+            assert t.graph is not None and t.graph.off is None and t.graph.replays == 5 and t.graph.eager == 0
         out.append((torch.stack(losses), torch.cat([p.flatten() for p in t.ema.ema.parameters()]).cpu()))
     torch.use_deterministic_algorithms(False)
     torch.testing.assert_close(out[1][0], out[0][0], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(out[1][1], out[0][1], rtol=1e-4, atol=1e-5)
+    return t
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("optimizer", ["SGD", "AdamW"])
+def test_trainer_graph_run_equals_eager_run(tmp_path, optimizer):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    _trainer_graph_run_equals_eager_run(tmp_path, 0, optimizer=optimizer)
+
+
+@pytest.mark.parametrize("amp", [False, True])
+def test_trainer_graph_run_equals_eager_run_emulated(tmp_path, emulated_graphs, amp):
+    """The same on the CPU emulator, in fp32 and in the CPU's default bf16 autocast. SGD only: a capturable
+    Adam keeps its state on CUDA devices only."""
+    t = _trainer_graph_run_equals_eager_run(tmp_path, "cpu", optimizer="SGD", amp=amp)
+    assert t.optimizer.defaults.get("fused") and torch.is_tensor(t.optimizer.param_groups[0]["lr"])
+
+
+def test_trainer_graph_non_finite_loss_emulated(tmp_path, emulated_graphs):
+    """A non-finite loss in a replayed step (its update is already applied): the trainer restores the
+    epoch's last good state, turns the graph off and finishes the run eagerly with finite weights."""
+    from yolofast import Trainer
+    from yolofast.data import make_shapes
+
+    data = make_shapes(root=tmp_path, n_train=8, n_val=2, imgsz=64)
+    t = Trainer(model=TINY, data=data, imgsz=64, batch=2, nbs=2, epochs=2, workers=0, verbose=False,
+                plots=False, val=False, optimizer="SGD", warmup_epochs=0.0, mosaic=0.0, cuda_graph=True,
+                device="cpu", project=tmp_path)
+    prep, seen = t.preprocess_batch, {"n": 0}
+
+    def poisoned(batch):  # batch 6 (epoch 2, step 2) gets a NaN pixel: its replayed loss is NaN
+        out = prep(batch)
+        if seen["n"] == 5:
+            out["img"][0, 0, 0, 0] = float("nan")
+        seen["n"] += 1
+        return out
+
+    start = {}
+    t.add_callback("on_train_epoch_start", lambda tr: start.setdefault(tr.epoch, copy.deepcopy(
+        {k: v.clone() for k, v in tr.model.state_dict().items()})))
+    t.preprocess_batch = poisoned
+    with pytest.warns(UserWarning, match="non-finite loss"):
+        t.train()
+    g = t.graph
+    assert g.off == "non-finite loss" and g.replays == 5 and g.step is None  # steps 1..5 (5: the NaN)
+    assert t.nonfinite.skipped == 1 and t.nonfinite.restores == 0  # the restore is not counted
+    assert all(torch.isfinite(p).all() for p in t.model.parameters())
+    assert all(torch.isfinite(p).all() for p in t.ema.ema.parameters())
+    state = t.model.state_dict()  # the two eager steps after the restore trained:
+    assert any(not torch.equal(v, start[1][k]) for k, v in state.items() if v.is_floating_point())
 
 
 def test_step_is_capture_safe_on_cpu():

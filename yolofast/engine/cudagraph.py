@@ -18,7 +18,10 @@ In the trainer (``cuda_graph=True``): ``GraphedTrainStep`` captures at the first
 warmup (momentum is a constant inside the graph), replays it for every batch of the captured shape and lets
 the trainer run the eager step for the others (the short last batch, more GT than the bucket) and for
 everything after a capture failure or a non-finite loss. ``graph_blockers`` lists what rules a graph out.
-Tested on GPU only (tests/engine/test_cudagraph.py, marked ``cuda``, run by benchmarks/gpu_check.sh).
+Tested on GPU by tests/engine/test_cudagraph.py (marked ``cuda``, run by benchmarks/gpu_check.sh), and in CI
+on the CPU through ``GRAPHS``/``GRAPH_DEVICE``: tests/engine/graph_emulator.py puts a recording stand-in for
+``torch.cuda``'s graph API there, so this file's capture/replay logic and the trainer's graph path run
+without a GPU (what the stand-in does and does not model is said in that file).
 """
 
 from __future__ import annotations
@@ -32,6 +35,10 @@ __all__ = ["CudaGraphStep", "GraphedTrainStep", "ShapeMismatch", "capture_train_
            "has_state", "optimizer_kwargs", "pad_gt"]
 
 LOG = logging.getLogger("yolofast")
+# What capture uses of torch.cuda (CUDAGraph, graph, Stream, stream, current_stream, synchronize,
+# is_available) and the device type it runs on; the CPU emulator of the tests replaces both.
+GRAPHS = torch.cuda
+GRAPH_DEVICE = "cuda"
 _KEYS = ("img", "gt_cls", "gt_bboxes", "gt_mask")
 
 
@@ -40,13 +47,20 @@ class ShapeMismatch(ValueError):
 
 
 def _state(model, optimizer, ema) -> dict:
-    return {"model": copy.deepcopy(model.state_dict()), "optimizer": copy.deepcopy(optimizer.state_dict()),
+    """What the warm-up steps change, to be put back in place. In place matters for the optimizer: its
+    load_state_dict would swap in new tensors (a tensor lr too), so the caller's lr tensor would no longer
+    be the one the graph reads."""
+    opt = [v for st in optimizer.state.values() for v in st.values() if torch.is_tensor(v)]
+    opt += [v for g in optimizer.param_groups for v in g.values() if torch.is_tensor(v)]
+    return {"model": copy.deepcopy(model.state_dict()), "optimizer": [(t, t.detach().clone()) for t in opt],
             "ema": copy.deepcopy(ema.state_dict()) if ema is not None else None}
 
 
+@torch.no_grad()
 def _load_state(saved: dict, model, optimizer, ema) -> None:
-    model.load_state_dict(saved["model"])
-    optimizer.load_state_dict(saved["optimizer"])
+    model.load_state_dict(saved["model"])  # copies in place, as ModelEMA.load_state_dict does
+    for t, before in saved["optimizer"]:
+        t.copy_(before)
     if ema is not None:
         ema.load_state_dict(saved["ema"])
 
@@ -59,17 +73,17 @@ class CudaGraphStep:
         self.model, self.loss_fn, self.optimizer, self.ema = model, loss_fn, optimizer, ema
         self.amp_dtype, self.max_norm = amp_dtype, max_norm
         self.static = {k: example[k].detach().clone() for k in _KEYS}
-        self.graph = torch.cuda.CUDAGraph()
+        self.graph = GRAPHS.CUDAGraph()
         # Warm up on a side stream: lazy allocations (optimizer state, cuBLAS workspaces, autotuning) must
         # happen before capture, or the capture records a one-off path.
         saved = _state(model, optimizer, ema)
         try:
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
+            s = GRAPHS.Stream()
+            s.wait_stream(GRAPHS.current_stream())
+            with GRAPHS.stream(s):
                 for _ in range(warmup):
                     self._iteration()
-            torch.cuda.current_stream().wait_stream(s)
+            GRAPHS.current_stream().wait_stream(s)
         finally:  # undo the warm-up steps, also when one failed: they were not training
             _load_state(saved, model, optimizer, ema)
             del saved
@@ -80,12 +94,12 @@ class CudaGraphStep:
         # thread_local: the loader's pin-memory thread may allocate pinned host memory during the capture;
         # the default "global" mode would count that as an illegal call and break the capture (and the
         # pinning thread with it).
-        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
+        with GRAPHS.graph(self.graph, capture_error_mode="thread_local"):
             self.loss, self.items = self._iteration()
 
     def _iteration(self):
         dtype = self.amp_dtype or torch.float32
-        with torch.autocast("cuda", dtype=dtype, enabled=self.amp_dtype is not None):
+        with torch.autocast(GRAPH_DEVICE, dtype=dtype, enabled=self.amp_dtype is not None):
             feats = self.model(self.static["img"])
         loss, items = self.loss_fn([f.float() for f in feats], self.static)
         loss.backward()
@@ -110,12 +124,14 @@ class CudaGraphStep:
                 p.grad = g
             torch._foreach_zero_(self.grads)
         self.graph.replay()
-        return self.loss, self.items
+        # The outputs live in the graph's memory and the next replay overwrites them: a caller that keeps
+        # one (the epoch's running mean starts as the first batch's items) must hold a copy.
+        return self.loss.clone(), self.items.clone()
 
 
 def capture_train_step(model, loss_fn, optimizer, ema, example: dict, amp_dtype=None, max_norm: float = 10.0):
     """A ``CudaGraphStep``, or None (reason logged as a warning) when capture is impossible or fails."""
-    if not torch.cuda.is_available() or example["img"].device.type != "cuda":
+    if not GRAPHS.is_available() or example["img"].device.type != GRAPH_DEVICE:
         LOG.warning("cuda_graph: not a CUDA run; using the eager step")
         return None
     dev = example["img"].device
@@ -136,7 +152,7 @@ def capture_train_step(model, loss_fn, optimizer, ema, example: dict, amp_dtype=
         return CudaGraphStep(model, loss_fn, optimizer, ema, example, amp_dtype, max_norm)
     except Exception as e:  # noqa: BLE001 - any capture error means "run eager", with the reason
         LOG.warning("cuda_graph: capture failed (%s: %s); using the eager step", type(e).__name__, e)
-        torch.cuda.synchronize()
+        GRAPHS.synchronize()
         return None
 
 
@@ -161,7 +177,7 @@ def optimizer_kwargs(name: str) -> dict:
 def graph_blockers(device, compile_enabled: bool, distributed: bool, accumulate: int, scaler_enabled: bool):
     """Why a CUDA graph cannot run this training (empty: it can)."""
     why = []
-    if torch.device(device).type != "cuda":
+    if torch.device(device).type != GRAPH_DEVICE:
         why.append("not a CUDA run")
     if compile_enabled:
         why.append("compile is on (use compile='reduce-overhead' for torch.compile's own CUDA graphs)")
@@ -200,9 +216,11 @@ class GraphedTrainStep:
         self.replays = self.eager = 0
 
     def disable(self, reason: str) -> None:
+        """Run eagerly from here on; ``off`` keeps the first reason."""
         if self.off is None:
             LOG.warning("cuda_graph: %s; the eager step runs from here on", reason)
-        self.off, self.step = reason, None
+            self.off = reason
+        self.step = None
 
     def __call__(self, batch: dict):
         if self.off is not None:

@@ -49,7 +49,7 @@ from tqdm import tqdm
 
 from yolofast.cfg import DEFAULTS, CfgError, get_cfg
 from yolofast.engine import checkpoint as ckpt_io
-from yolofast.engine import optim
+from yolofast.engine import cudagraph, optim
 from yolofast.engine.autobatch import (
     MEMORY_COLUMNS,
     autobatch,
@@ -303,7 +303,8 @@ class Trainer:
         """Drop an epoch's short last batch when the step is compiled or graphed: a batch of another size
         is one more compile (or an eager step beside the graph). The order is reshuffled every epoch, so
         no image is left out for good."""
-        static = compile_mode(self.args.compile)[0] or (self.args.cuda_graph and self.device.type == "cuda")
+        graphed = self.args.cuda_graph and self.device.type == cudagraph.GRAPH_DEVICE
+        static = compile_mode(self.args.compile)[0] or graphed
         return static and n_images >= batch_size
 
     def get_loss(self, model: nn.Module):
