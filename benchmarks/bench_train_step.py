@@ -31,6 +31,7 @@ import pytest
 import torch
 
 from yolofast.engine.compile import train_step_modules
+from yolofast.engine.cudagraph import optimizer_kwargs
 from yolofast.loss import DetectionLoss
 from yolofast.nn import build_model
 
@@ -98,10 +99,11 @@ def make_step(variant: str, imgsz: int, batch: int, nc: int, device: torch.devic
         model.to(memory_format=torch.channels_last)
         img = img.contiguous(memory_format=torch.channels_last)
     dtype = torch.bfloat16 if "bf16" in variant else None
-    if variant.startswith("graph"):
-        return _graph_step(model, crit, img, gt, dtype, device)
+    graph = variant.startswith("graph")
     fwd, loss_fn = train_step_modules(model, crit, device, compile=variant.startswith("compiled"))
-    opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9, nesterov=True)
+    # A graph needs a tensor lr (a float is frozen into it) and a capturable optimizer (fused SGD).
+    lr, kw = (torch.tensor(1e-4, device=device), optimizer_kwargs("sgd")) if graph else (1e-4, {})
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True, **kw)
 
     def step():
         with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
@@ -109,27 +111,28 @@ def make_step(variant: str, imgsz: int, batch: int, nc: int, device: torch.devic
         loss, _ = loss_fn([f.float() for f in feats], gt)
         return _backward_step(loss, opt, device)
 
+    if graph:
+        step()  # capture needs the optimizer's momentum buffers to exist (cudagraph.has_state)
+        return _graph_step(model, crit, opt, {"img": img, **gt}, dtype, device)
     return step
 
 
-def _graph_step(model, crit, img, gt, dtype, device):
+def _graph_step(model, crit, opt, batch: dict, dtype, device):
     """The same step (plus grad clipping) captured in a CUDA graph (yolofast/engine/cudagraph.py)."""
-    from yolofast.engine.cudagraph import capture_train_step, optimizer_kwargs
+    from yolofast.engine import cudagraph
 
-    if device.type != "cuda":
+    if device.type != cudagraph.GRAPH_DEVICE:
         raise ValueError("bench_train_step: graph_* variants need CUDA")
-    lr = torch.tensor(1e-4, device=device)
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True, **optimizer_kwargs("sgd"))
-    batch = {"img": img, **gt}
-    graphed = capture_train_step(model, crit, opt, None, batch, amp_dtype=dtype)
+    graphed = cudagraph.capture_train_step(model, crit, opt, None, batch, amp_dtype=dtype)
     if graphed is None:
         raise RuntimeError("bench_train_step: CUDA-graph capture failed (reason in the log above)")
 
     def step():
         loss, _ = graphed(batch)
-        torch.cuda.synchronize()
-        return loss.detach().clone()
+        cudagraph.GRAPHS.synchronize()
+        return loss
 
+    step.graphed = graphed
     return step
 
 

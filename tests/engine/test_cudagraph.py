@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 
 import pytest
 import torch
@@ -243,3 +244,19 @@ def test_step_is_capture_safe_on_cpu():
     forbidden = ("lift_fresh", "_local_scalar_dense", "nonzero", "item")
     bad = {op for op in rec.ops if op.split(".")[1] in forbidden}
     assert not bad, bad
+
+
+def test_bench_train_step_graph_variant_emulated(emulated_graphs):
+    """benchmarks/bench_train_step.py's graph_bf16_cl (gpu_check.sh times it on the H200) captures and
+    replays: its optimizer has state before capture and a tensor lr, and each call is one replay."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_train_step.py"
+    spec = importlib.util.spec_from_file_location("yolofast_bench_train_step", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    step = mod.make_step("graph_bf16_cl", imgsz=64, batch=2, nc=3, device=torch.device("cpu"))
+    losses = [float(step()) for _ in range(3)]
+    assert step.graphed.graph.replays == 3 and all(math.isfinite(v) for v in losses)
+    assert losses[0] != losses[2]  # the weights moved between replays

@@ -19,7 +19,7 @@ warmup (momentum is a constant inside the graph), replays it for every batch of 
 the trainer run the eager step for the others (the short last batch, more GT than the bucket) and for
 everything after a capture failure or a non-finite loss. ``graph_blockers`` lists what rules a graph out.
 Tested on GPU by tests/engine/test_cudagraph.py (marked ``cuda``, run by benchmarks/gpu_check.sh), and in CI
-on the CPU through ``GRAPHS``/``GRAPH_DEVICE``: tests/engine/graph_emulator.py puts a recording stand-in for
+on the CPU through ``GRAPHS``/``GRAPH_DEVICE``: tests/graph_emulator.py puts a recording stand-in for
 ``torch.cuda``'s graph API there, so this file's capture/replay logic and the trainer's graph path run
 without a GPU (what the stand-in does and does not model is said in that file).
 """
