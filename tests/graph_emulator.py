@@ -129,5 +129,9 @@ class EmulatedCuda:
         pass
 
     @staticmethod
+    def empty_cache() -> None:
+        pass
+
+    @staticmethod
     def is_available() -> bool:
         return True

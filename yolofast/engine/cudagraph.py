@@ -36,7 +36,7 @@ __all__ = ["CudaGraphStep", "GraphedTrainStep", "ShapeMismatch", "capture_train_
 
 LOG = logging.getLogger("yolofast")
 # What capture uses of torch.cuda (CUDAGraph, graph, Stream, stream, current_stream, synchronize,
-# is_available) and the device type it runs on; the CPU emulator of the tests replaces both.
+# empty_cache, is_available) and the device type it runs on; the CPU emulator of the tests replaces both.
 GRAPHS = torch.cuda
 GRAPH_DEVICE = "cuda"
 _KEYS = ("img", "gt_cls", "gt_bboxes", "gt_mask")
@@ -87,6 +87,10 @@ class CudaGraphStep:
         finally:  # undo the warm-up steps, also when one failed: they were not training
             _load_state(saved, model, optimizer, ema)
             del saved
+        # The graph allocates from a private pool, which cannot reuse the blocks the caching allocator holds
+        # for eager steps (the warm-up's, the lr warmup's): hand those back first, or the device holds the
+        # step's activations twice and a batch AutoBatch sized for one eager step runs out of memory here.
+        GRAPHS.empty_cache()
         self.params = [p for p in model.parameters() if p.requires_grad]
         for p in self.params:  # grads stay allocated: the graph accumulates into exactly these tensors
             p.grad = torch.zeros_like(p) if p.grad is None else p.grad.zero_()
