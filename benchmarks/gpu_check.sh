@@ -7,7 +7,7 @@
 #   5. times each op -- CUDA vs Triton vs reference, B=16/64, 640 px, 80 classes, 50/1000 GT/img -- and
 #      prints one table, also written to $OUT/gpu_table.md (benchmarks/results/ when $OUT is unset),
 #   6. times the whole yolov8n train step at 640 px batch 64: eager bf16 vs its CUDA graph (images/s).
-# Each step has its own time limit (100 + 130 + 90 + 120 + 50 s) so that the whole run stays under 8 minutes even
+# Each step has its own time limit (90 + 130 + 80 + 120 + 50 s) so that the whole run stays under 8 minutes even
 # when a step hangs; a failing step is reported and the next one still runs. Exit status: 0 when every
 # step passed, else the number of failed steps.
 #
@@ -65,7 +65,7 @@ fi
 record "import" $?
 
 step "build the C++ and CUDA extensions"
-timeout 100 "$PY" - <<'EOF'
+timeout 90 "$PY" - <<'EOF'
 import sys, time
 from yolofast.ops import _build
 t = time.perf_counter()
@@ -91,7 +91,7 @@ else
 fi
 
 step "engine CUDA tests (CUDA graphs, AutoBatch)"
-timeout 90 "$PY" -m pytest -q -m cuda tests/engine -p no:cacheprovider 2>&1 | tee "$RESULTS/gpu_engine_tests.log" \
+timeout 80 "$PY" -m pytest -q -m cuda tests/engine -p no:cacheprovider 2>&1 | tee "$RESULTS/gpu_engine_tests.log" \
   | tail -20
 record "engine tests (log: $RESULTS/gpu_engine_tests.log)" "${PIPESTATUS[0]}"
 
