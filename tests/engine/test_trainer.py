@@ -96,9 +96,11 @@ def _state(path):
     return ck["model"].state_dict(), ck["ema"].state_dict(), ck["updates"], ck["optimizer"]
 
 
-def test_resume_equals_uninterrupted(shapes, tmp_path):
-    """2 epochs straight == 1 epoch, crash, resume=last.pt (mosaic closing in epoch 2, warmup across both)."""
-    recipe = dict(data=shapes, epochs=2, close_mosaic=1, project=tmp_path, **FAST)
+@pytest.mark.parametrize("close_mosaic", [1, 10])
+def test_resume_equals_uninterrupted(shapes, tmp_path, close_mosaic):
+    """2 epochs straight == 1 epoch, crash, resume=last.pt (warmup across both epochs). close_mosaic=1:
+    mosaic closes in epoch 2; 10 > epochs: it never closes, also not in the resumed run."""
+    recipe = dict(data=shapes, epochs=2, close_mosaic=close_mosaic, project=tmp_path, **FAST)
     Trainer(name="full", **recipe).train()
 
     def crash(trainer):

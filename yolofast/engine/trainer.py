@@ -495,7 +495,8 @@ class Trainer:
         self.best_fitness, self.best_epoch = ckpt["best_fitness"], ckpt.get("best_epoch", -1)
         self.metrics = ckpt.get("train_metrics") or {}
         self.train_time = ckpt.get("train_time", 0.0)
-        if self.args.close_mosaic and self.start_epoch >= self.epochs - self.args.close_mosaic:
+        closes_at = self.epochs - self.args.close_mosaic  # the loop's test; < 0 (a short run): never
+        if self.args.close_mosaic and 0 <= closes_at < self.start_epoch:
             self._close_mosaic()
         ckpt_io.set_rng_state(ckpt["rng"], self._rng_generators())
         ds_rng = getattr(self.train_loader.dataset, "rng", None)
