@@ -7,7 +7,7 @@ What it keeps of a real CUDA graph:
   calls in order on the same tensors and writes each result into the tensor the capture made. Python-side
   values (a float lr, a momentum, a branch taken) are frozen at capture, as on the GPU.
 - Capture leaves every tensor that existed before it unchanged. A real capture launches no kernel. Here
-  each such tensor is saved on its first write inside the capture and put back when the capture ends.
+  each such tensor is saved when a call first touches it and put back when the capture ends.
 - A host read (.item(), nonzero) or a tensor made from host data (torch.tensor) inside the capture
   raises, as a real capture does.
 What it does not model: streams, the graph's private memory pool, and kernel-level behaviour (CUDA
@@ -34,23 +34,15 @@ def _tensors(tree) -> list[torch.Tensor]:
     return [x for x in tree_leaves(tree) if isinstance(x, torch.Tensor)]
 
 
-def _written(func, args, kwargs) -> list[torch.Tensor]:
-    """The tensors an ATen call writes to, by its schema (``Tensor(a!)``, also in lists: foreach ops)."""
-    out = []
-    for i, arg in enumerate(func._schema.arguments):
-        if arg.alias_info is None or not arg.alias_info.is_write:
-            continue
-        value = args[i] if i < len(args) else kwargs.get(arg.name)
-        out += _tensors(value)
-    return out
-
-
 class _Capture(TorchDispatchMode):
     def __init__(self, graph: RecordedGraph):
         super().__init__()
         self.graph = graph
         self.made: set[int] = set()  # storages created inside the capture: the graph's own memory
-        self.saved: list[tuple[torch.Tensor, torch.Tensor]] = []  # (outside tensor, its value before)
+        # (outside tensor, its value when a call first touched it). Every outside tensor a call touches is
+        # saved, not only those its schema marks as written: native_batch_norm updates the running
+        # statistics without saying so (and version counters do not move below the Python dispatch key).
+        self.saved: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.saved_ids: set[int] = set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -59,15 +51,25 @@ class _Capture(TorchDispatchMode):
         if name in _HOST_OPS:
             raise RuntimeError(f"emulated CUDA graph: {func} is not allowed inside a capture (host sync or "
                                f"host-to-device copy)")
-        for t in _written(func, args, kwargs):
+        inputs = _tensors((args, kwargs))
+        for t in inputs:
             if t.numel() and _storage(t) not in self.made and id(t) not in self.saved_ids:
                 self.saved.append((t, t.detach().clone()))
                 self.saved_ids.add(id(t))
         out = func(*args, **kwargs)
-        inputs = {_storage(t) for t in _tensors((args, kwargs)) if t.numel()}
-        self.made |= {_storage(t) for t in _tensors(out) if t.numel() and _storage(t) not in inputs}
+        seen = {_storage(t) for t in inputs if t.numel()}
+        self.made |= {_storage(t) for t in _tensors(out) if t.numel() and _storage(t) not in seen}
         self.graph.calls.append((func, args, kwargs, out))
         return out
+
+    def undo(self) -> None:
+        """Put back every outside tensor the capture's run changed. Oldest snapshot last: where views
+        overlap, the view touched first holds the value from before the capture."""
+        with torch.no_grad():
+            for t, before in reversed(self.saved):
+                expanded = any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape))  # not writable
+                if not expanded and not torch.equal(t, before):
+                    t.copy_(before)
 
 
 class RecordedGraph:
@@ -83,10 +85,8 @@ class RecordedGraph:
         try:
             with mode:
                 yield
-        finally:  # undo what the capture's own run changed outside the graph (newest first: views overlap)
-            with torch.no_grad():
-                for t, before in reversed(mode.saved):
-                    t.copy_(before)
+        finally:  # a real capture launches nothing: undo what this one's run changed outside the graph
+            mode.undo()
 
     @torch.no_grad()
     def replay(self) -> None:

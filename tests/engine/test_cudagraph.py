@@ -139,7 +139,8 @@ def test_trainer_cuda_graph_on_cpu_warns_and_trains_eagerly(tmp_path):
 
 def _trainer_graph_run_equals_eager_run(tmp_path, device, **kw):
     """Two epochs of the real trainer, eager vs cuda_graph=True (same seed, same data): the per-epoch losses
-    and the final EMA agree, and the graph really replayed (captured at the first step after the warmup)."""
+    and the final EMA (weights and BN statistics) agree, and the graph really replayed (captured at the
+    first step after the warmup)."""
     from yolofast import Trainer
     from yolofast.data import make_shapes
 
@@ -154,7 +155,9 @@ def _trainer_graph_run_equals_eager_run(tmp_path, device, **kw):
         t.train()
         if graph:  # 8 steps, warmup nw = 2: eager 0..2, capture at 3, replays 3..7
             assert t.graph is not None and t.graph.off is None and t.graph.replays == 5 and t.graph.eager == 0
-        out.append((torch.stack(losses), torch.cat([p.flatten() for p in t.ema.ema.parameters()]).cpu()))
+        # the EMA's whole float state: BN running statistics too (train-mode losses do not see them)
+        ema = [v.flatten() for v in t.ema.ema.state_dict().values() if v.is_floating_point()]
+        out.append((torch.stack(losses), torch.cat(ema).cpu()))
     torch.use_deterministic_algorithms(False)
     torch.testing.assert_close(out[1][0], out[0][0], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(out[1][1], out[0][1], rtol=1e-4, atol=1e-5)
@@ -260,3 +263,35 @@ def test_bench_train_step_graph_variant_emulated(emulated_graphs):
     losses = [float(step()) for _ in range(3)]
     assert step.graphed.graph.replays == 3 and all(math.isfinite(v) for v in losses)
     assert losses[0] != losses[2]  # the weights moved between replays
+
+
+def test_trainer_graph_resume_equals_uninterrupted_emulated(tmp_path, emulated_graphs):
+    """A graphed run stopped after epoch 1 and resumed (its checkpoint holds the graph's tensor lr) ends
+    where the uninterrupted graphed run ends; the resumed run captures again and replays."""
+    from yolofast import Trainer
+    from yolofast.data import make_shapes
+    from yolofast.engine.checkpoint import load_checkpoint
+
+    data = make_shapes(root=tmp_path, n_train=8, n_val=2, imgsz=64)
+    recipe = dict(model=TINY, data=data, imgsz=64, batch=2, nbs=2, epochs=2, workers=0, verbose=False,
+                  plots=False, val=False, optimizer="SGD", warmup_epochs=0.5, cuda_graph=True, device="cpu",
+                  project=tmp_path)
+    full = Trainer(name="full", **recipe)
+    full.train()
+
+    def crash(trainer):
+        if trainer.epoch == 0:
+            raise KeyboardInterrupt("simulated crash after epoch 1 was saved")
+
+    t = Trainer(name="cut", **recipe)
+    t.add_callback("on_fit_epoch_end", crash)
+    with pytest.raises(KeyboardInterrupt):
+        t.train()
+    r = Trainer(resume=str(tmp_path / "cut/weights/last.pt"), verbose=False)
+    r.train()
+    assert full.graph.replays == 5 and r.graph.replays == 4 and r.graph.off is None  # nw = 2
+    a, b = (load_checkpoint(tmp_path / f"{n}/weights/last.pt") for n in ("full", "cut"))
+    for part in ("model", "ema"):
+        sa, sb = a[part].state_dict(), b[part].state_dict()
+        for k in sa:
+            torch.testing.assert_close(sb[k], sa[k], rtol=0, atol=1e-6, msg=f"{part} {k}")

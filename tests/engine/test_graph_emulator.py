@@ -67,3 +67,18 @@ def test_host_sync_inside_capture_raises(host_read):
     g = EmulatedCuda.CUDAGraph()
     with pytest.raises(RuntimeError, match="not allowed inside a capture"), EmulatedCuda.graph(g):
         host_read(t)
+
+
+def test_undeclared_write_is_undone_at_capture_and_replayed():
+    """native_batch_norm updates its running statistics without marking them written in its schema; a
+    capture must still leave them as they were, and each replay must update them once."""
+    x = torch.arange(8.0).reshape(4, 2)
+    mean, var = torch.zeros(2), torch.ones(2)
+    g = EmulatedCuda.CUDAGraph()
+    with EmulatedCuda.graph(g):
+        torch.nn.functional.batch_norm(x, mean, var, training=True, momentum=0.5)
+    assert torch.equal(mean, torch.zeros(2)) and torch.equal(var, torch.ones(2))
+    g.replay()
+    torch.testing.assert_close(mean, 0.5 * x.mean(0))
+    g.replay()
+    torch.testing.assert_close(mean, 0.75 * x.mean(0))
