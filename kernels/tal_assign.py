@@ -507,6 +507,8 @@ def _tal_assign_op(
     M = gt_bboxes.shape[1]
     if M == 0 or B * A == 0 or C == 0:
         return _background(pd_scores, gt_bboxes)
+    if B > 65535 and not _common.INTERPRET:  # the grids put the image on axis 1, at most 65535 on CUDA
+        raise ValueError(f"tal_assign (Triton): the batch must be <= 65535 images, got {B}")
     ak, a_e = _common.pow_kind(alpha)
     bk, b_e = _common.pow_kind(beta)
     ct = _common.compute_dtype(pd_scores, pd_bboxes, gt_bboxes)
@@ -639,7 +641,7 @@ def aot_specs() -> list[tuple]:
         if not f64:
             specs.append((_grid_levels_kernel, lv_sig, {"L_MAX": L_MAX, "BLOCK": BLOCK_GRID}, {}))
         metric = {"ALPHA": 0.5, "AK": 2, "BETA": 6, "BK": 5, "F64": f64, "USE_LIB": True}
-        exact = {"enable_fp_fusion": False}
+        exact = dict(_common.EXACT)
         scan_sig = {
             "scores_ptr": f"*{sc}",
             "pd_ptr": f"*{sc}",
