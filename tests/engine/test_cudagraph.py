@@ -265,7 +265,7 @@ def test_bench_train_step_graph_variant_emulated(emulated_graphs):
     assert losses[0] != losses[2]  # the weights moved between replays
 
 
-def test_trainer_graph_resume_equals_uninterrupted_emulated(tmp_path, emulated_graphs):
+def test_trainer_graph_resume_equals_uninterrupted_emulated(tmp_path, emulated_graphs, resume_after_crash):
     """A graphed run stopped after epoch 1 and resumed (its checkpoint holds the graph's tensor lr) ends
     where the uninterrupted graphed run ends; the resumed run captures again and replays."""
     from yolofast import Trainer
@@ -278,16 +278,7 @@ def test_trainer_graph_resume_equals_uninterrupted_emulated(tmp_path, emulated_g
                   project=tmp_path)
     full = Trainer(name="full", **recipe)
     full.train()
-
-    def crash(trainer):
-        if trainer.epoch == 0:
-            raise KeyboardInterrupt("simulated crash after epoch 1 was saved")
-
-    t = Trainer(name="cut", **recipe)
-    t.add_callback("on_fit_epoch_end", crash)
-    with pytest.raises(KeyboardInterrupt):
-        t.train()
-    r = Trainer(resume=str(tmp_path / "cut/weights/last.pt"), verbose=False)
+    r = resume_after_crash(recipe)
     r.train()
     assert full.graph.replays == 5 and r.graph.replays == 4 and r.graph.off is None  # nw = 2
     a, b = (load_checkpoint(tmp_path / f"{n}/weights/last.pt") for n in ("full", "cut"))

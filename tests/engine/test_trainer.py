@@ -97,22 +97,12 @@ def _state(path):
 
 
 @pytest.mark.parametrize("close_mosaic", [1, 10])
-def test_resume_equals_uninterrupted(shapes, tmp_path, close_mosaic):
+def test_resume_equals_uninterrupted(shapes, tmp_path, close_mosaic, resume_after_crash):
     """2 epochs straight == 1 epoch, crash, resume=last.pt (warmup across both epochs). close_mosaic=1:
     mosaic closes in epoch 2; 10 > epochs: it never closes, also not in the resumed run."""
     recipe = dict(data=shapes, epochs=2, close_mosaic=close_mosaic, project=tmp_path, **FAST)
     Trainer(name="full", **recipe).train()
-
-    def crash(trainer):
-        if trainer.epoch == 0:
-            raise KeyboardInterrupt("simulated crash after epoch 1 was saved")
-
-    t = Trainer(name="cut", **recipe)
-    t.add_callback("on_fit_epoch_end", crash)
-    with pytest.raises(KeyboardInterrupt):
-        t.train()
-    assert load_checkpoint(tmp_path / "cut/weights/last.pt")["epoch"] == 0
-    r = Trainer(resume=str(tmp_path / "cut/weights/last.pt"), verbose=False)
+    r = resume_after_crash(recipe)
     assert r.save_dir == tmp_path / "cut" and r.args.epochs == 2
     r.train()
 
