@@ -76,10 +76,16 @@ def _init_model(nc: int, device: torch.device):
     return build_model("yolov8n", nc=nc).to(device).train()
 
 
-def _backward_step(loss, opt, device: torch.device):
-    """The rest of a timed step, the same for yolofast and Ultralytics: backward, SGD step, zero_grad."""
-    loss.backward()
-    opt.step()
+def _backward_step(loss, opt, device: torch.device, scaler=None):
+    """The rest of a timed step, the same for yolofast and Ultralytics: backward, SGD step, zero_grad
+    (through ``scaler`` for an fp16 step)."""
+    if scaler is None:
+        loss.backward()
+        opt.step()
+    else:
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
     opt.zero_grad(set_to_none=True)
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -179,7 +185,8 @@ def _debug_losses(m, ubatch: dict, img: torch.Tensor, gt: dict, nc: int) -> None
 def ultralytics_step(imgsz: int, batch: int, device: torch.device, nc: int = 80, n_gt: int = 8):
     """Ultralytics' own model + loss for the same step, or pytest.skip when it is not installed.
 
-    Same work as ``make_step("fp32", ...)``: yolov8n built from its yaml, the same initial weights (yolofast's
+    Same work as ``make_step("fp32", ...)`` on CPU (on CUDA in its default fp16 AMP, with its GradScaler):
+    yolov8n built from its yaml, the same initial weights (yolofast's
     seeded init, loaded by name: the two state dicts have the same keys and shapes), the same images and GT,
     ``model.loss`` (forward + v8DetectionLoss, box 7.5 cls 0.5 dfl 1.5, topk 10), backward of the summed loss
     as its trainer does, SGD step, zero_grad. Its trainer's extras per step (grad-norm clip to 10, EMA
@@ -205,10 +212,14 @@ def ultralytics_step(imgsz: int, batch: int, device: torch.device, nc: int = 80,
     if _DEBUG:
         _debug_losses(m, ubatch, img, gt, nc)
     opt = torch.optim.SGD(m.parameters(), lr=1e-4, momentum=0.9, nesterov=True)
+    # Its trainer's default on CUDA is AMP: fp16 autocast + GradScaler (on CPU it trains fp32).
+    amp = device.type == "cuda"
+    scaler = torch.amp.GradScaler("cuda") if amp else None
 
     def step():
-        loss, _ = m.loss(ubatch)
-        return _backward_step(loss.sum(), opt, device)
+        with torch.autocast(device.type, dtype=torch.float16, enabled=amp):
+            loss, _ = m.loss(ubatch)
+        return _backward_step(loss.sum(), opt, device, scaler)
 
     return step
 

@@ -6,8 +6,9 @@
 #   4. runs the engine's CUDA tests: CUDA-graph step == eager (class and whole trainer), AutoBatch,
 #   5. times each op -- CUDA vs Triton vs reference, B=16/64, 640 px, 80 classes, 50/1000 GT/img -- and
 #      prints one table, also written to $OUT/gpu_table.md (benchmarks/results/ when $OUT is unset),
-#   6. times the whole yolov8n train step at 640 px batch 64: eager bf16 vs its CUDA graph (images/s).
-# Each step has its own time limit (90 + 130 + 80 + 120 + 50 s) so that the whole run stays under 8 minutes even
+#   6. times the whole yolov8n train step at 640 px batch 64: eager bf16 vs its CUDA graph (images/s), and
+#      Ultralytics' step beside them when its wheel was carried in .whl/ (benchmarks/fetch_gpu_wheels.sh).
+# Each step has its own time limit (90 + 130 + 80 + 120 + 60 s) so that the whole run stays under 8 minutes even
 # when a step hangs; a failing step is reported and the next one still runs. Exit status: 0 when every
 # step passed, else the number of failed steps.
 #
@@ -63,6 +64,10 @@ EOF
 fi
 "$PY" -c "import yolofast.kernels, yolofast.ops; print('yolofast importable from', yolofast.ops.__file__)"
 record "import" $?
+if compgen -G ".whl/*.whl" >/dev/null; then  # carried wheels (benchmarks/fetch_gpu_wheels.sh): Ultralytics
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}" && echo "installed from .whl/: $(ls .whl)"
+fi
 
 step "build the C++ and CUDA extensions"
 timeout 90 "$PY" - <<'EOF'
@@ -99,8 +104,9 @@ step "timing table"
 timeout 120 "$PY" benchmarks/gpu_bench.py --out "$RESULTS/gpu_table.md"
 record "timing table ($RESULTS/gpu_table.md)" $?
 
-step "train step yolov8n 640 px b64: eager bf16 vs CUDA graph"
-timeout 50 "$PY" benchmarks/bench_train_step.py bf16_cl graph_bf16_cl --device cuda --rounds 10 --warmup 2 \
+step "train step yolov8n 640 px b64: eager bf16 vs CUDA graph (vs Ultralytics' fp16 AMP when carried)"
+YOLO_OFFLINE=1 timeout 60 "$PY" benchmarks/bench_train_step.py bf16_cl graph_bf16_cl ultralytics --device cuda \
+  --rounds 10 --warmup 2 \
   2>&1 | tee "$RESULTS/gpu_train_step.txt"
 record "train step ($RESULTS/gpu_train_step.txt)" "${PIPESTATUS[0]}"
 
