@@ -82,9 +82,9 @@ def test_fg_extremes(lib, case):
         assert got[0][0] == 0 and got[0][2] == 0 and torch.all(got[1] == 0)
 
 
-def test_dfl_targets_on_bin_edges_and_beyond_clamp(lib):
-    """Target distances exactly on bins (wl = 1, wr = 0), at 0, at/after reg_max - 1 (clamped to 14.99),
-    negative (anchor outside its box), and far beyond."""
+def dfl_edge_inputs() -> tuple:
+    """One image, 12 foreground anchors whose target distances sit exactly on bins (wl = 1, wr = 0), at 0,
+    at/after reg_max - 1 (clamped to 14.99), negative (anchor outside its box) and far beyond."""
     dists = torch.tensor([0.0, 1.0, 7.0, 14.0, 14.99, 15.0, 16.0, 40.0, -3.0, 0.5, 13.999, 2.25])
     n = len(dists)
     anc = torch.stack((torch.arange(n) + 0.5, torch.full((n,), 20.5)), -1)
@@ -92,8 +92,11 @@ def test_dfl_targets_on_bin_edges_and_beyond_clamp(lib):
     tb = torch.cat((anc - ltrb[:, :2], anc + ltrb[:, 2:]), -1)[None]
     pd, ps, _, _, ts, _ = make_inputs(1, n, 5, 3, fg_frac=1.0)
     ts[..., 0] = torch.linspace(0.1, 1.0, n)
-    fg = torch.ones(1, n, dtype=torch.bool)
-    args = (pd, ps, anc, tb, ts, fg)
+    return pd, ps, anc, tb, ts, torch.ones(1, n, dtype=torch.bool)
+
+
+def test_dfl_targets_on_bin_edges_and_beyond_clamp(lib):
+    args = dfl_edge_inputs()
     assert_matches(losses_and_grads(lib.bbox_loss, args), losses_and_grads(reference.bbox_loss_ref, args))
 
 

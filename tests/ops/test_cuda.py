@@ -35,7 +35,7 @@ import pytest
 import torch
 
 # Scene generators shared with the CPU kernels' tests (tests/ops is on sys.path under pytest).
-from test_bbox_loss import anchors_640, losses_and_grads, make_inputs
+from test_bbox_loss import anchors_640, dfl_edge_inputs, losses_and_grads, make_inputs
 from test_tal_assign import NAMES, anchors_px, random_scene
 
 from yolofast.ops import _build, reference
@@ -454,18 +454,12 @@ def test_loss_foreground_extremes(impl, case):
 
 
 def test_loss_dfl_targets_on_bin_edges_and_degenerate_boxes(impl):
-    dists = torch.tensor([0.0, 1.0, 7.0, 14.0, 14.99, 15.0, 16.0, 40.0, -3.0, 0.5, 13.999, 2.25])
-    n = len(dists)
-    anc = torch.stack((torch.arange(n) + 0.5, torch.full((n,), 20.5)), -1)
-    ltrb = torch.stack((dists, dists.roll(1), dists.roll(2), dists.roll(3)), -1)
-    tb = torch.cat((anc - ltrb[:, :2], anc + ltrb[:, 2:]), -1)[None]
-    pd, ps, _, _, ts, _ = make_inputs(1, n, 5, 3, fg_frac=1.0)
-    ts[..., 0] = torch.linspace(0.1, 1.0, n)
+    pd, ps, anc, tb, ts, fg = dfl_edge_inputs()
     tb[0, :3, 2] = tb[0, :3, 0]  # zero width
     tb[0, 3:5, 2:] = tb[0, 3:5, :2]  # a point
     pd[0, 6:8] = 0
     pd[0, 6:8, ::16] = 60.0  # softmax saturated on bin 0
-    _loss_check(impl, (pd, ps, anc, tb, ts, torch.ones(1, n, dtype=torch.bool)))
+    _loss_check(impl, (pd, ps, anc, tb, ts, fg))
 
 
 def test_loss_background_boxes_are_never_read(impl):
