@@ -41,13 +41,10 @@ MARGIN = 0.6  # floor = 60 % of the measured speed-up: above the run-to-run spre
 
 def load_floors(path=FLOORS) -> dict:
     """floors.json: {"backend": "cpp", "rounds": R, "floors": {"preset/op": {"floor": x, ...}}}."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path} is missing; create it with `python benchmarks/gate.py "
-                                "--write-floors`") from None
-    floors = data.get("floors")
+    from yolofast.bench.compare import read_json
+
+    data = read_json(path, "create it with `python benchmarks/gate.py --write-floors`")
+    floors = data.get("floors") if isinstance(data, dict) else None
     if not isinstance(floors, dict) or not floors:
         raise ValueError(f"{path}: needs a non-empty 'floors' object of 'preset/op': {{'floor': x}}")
     return data

@@ -58,17 +58,22 @@ def _from_pytest_benchmark(data: dict) -> list[dict]:
     return rows
 
 
-def load_results(path) -> dict:
-    """{"source": "yolofast"|"pytest-benchmark", "rows": [...], "meta": {...}} from either kind of file."""
+def read_json(path, make_it: str):
+    """The JSON in ``path``; a missing or unreadable file raises an error that ends with ``make_it``, the
+    way to write a good one."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise FileNotFoundError(f"benchmark results {path} not found; write one with "
-                                "`yolofast bench --json PATH`") from None
+        raise FileNotFoundError(f"{path} not found; {make_it}") from None
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not JSON ({e}); pass a file written by `yolofast bench --json` "
-                         "or `pytest benchmarks --benchmark-json`") from None
+        raise ValueError(f"{path} is not JSON ({e}); {make_it}") from None
+
+
+def load_results(path) -> dict:
+    """{"source": "yolofast"|"pytest-benchmark", "rows": [...], "meta": {...}} from either kind of file."""
+    data = read_json(path, "write one with `yolofast bench --json PATH` or `pytest benchmarks "
+                           "--benchmark-json PATH`")
     if isinstance(data, dict) and "rows" in data:
         meta = {k: v for k, v in data.items() if k != "rows"}
         return {"source": "yolofast", "rows": data["rows"], "meta": meta}
