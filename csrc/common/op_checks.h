@@ -1,5 +1,6 @@
-// Argument checks shared by the CPU kernels (csrc/cpu) and the CUDA bindings (csrc/cuda/cuda_ops.cpp):
-// one text per op, so the two backends refuse the same inputs with the same message.
+// Argument checks and input preparation shared by the CPU kernels (csrc/cpu) and the CUDA bindings
+// (csrc/cuda/cuda_ops.cpp): one text per op, so the two backends refuse the same inputs with the same
+// message and compute in the same type.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -58,6 +59,51 @@ inline void bbox_loss_shapes(const at::Tensor& pred_dist, const at::Tensor& pred
               "yolofast::bbox_loss: fg_mask must be (B, A), got ", fg_mask.sizes());
   TORCH_CHECK(pred_dist.is_floating_point() && pred_scores.is_floating_point(),
               "yolofast::bbox_loss: pred_dist and pred_scores must be floating point");
+}
+
+// tal_assign's inputs as both kernels read them: contiguous, in the compute type -- float64 when any of
+// scores / pred boxes / GT boxes is float64, else float32 (bf16/fp16 upcast, as the reference does) --
+// labels as int64 (B, M) and the GT mask as bool (B, M). Call after tal_assign_shapes.
+struct TalAssignInputs {
+  bool f64;
+  at::Tensor scores, pbox, anc, gt, labels, real;
+};
+
+inline TalAssignInputs tal_assign_inputs(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes,
+                                         const at::Tensor& anc_points, const at::Tensor& gt_labels,
+                                         const at::Tensor& gt_bboxes, const at::Tensor& mask_gt) {
+  const int64_t B = pd_scores.size(0), M = gt_bboxes.size(1);
+  const bool f64 = pd_scores.scalar_type() == at::kDouble || pd_bboxes.scalar_type() == at::kDouble ||
+                   gt_bboxes.scalar_type() == at::kDouble;
+  const auto ct = f64 ? at::kDouble : at::kFloat;
+  return {f64,
+          pd_scores.to(ct).contiguous(),
+          pd_bboxes.to(ct).contiguous(),
+          anc_points.to(ct).contiguous(),
+          gt_bboxes.to(ct).contiguous(),
+          gt_labels.reshape({B, M}).to(at::kLong).contiguous(),
+          mask_gt.reshape({B, M}).gt(0).contiguous()};
+}
+
+// bbox_loss's inputs as both kernels read them: contiguous, float64 when pred_dist or pred_scores is
+// float64, else float32 (bf16/fp16 upcast); fg_mask as bool. Call after bbox_loss_shapes.
+struct BboxLossInputs {
+  bool f64;
+  at::Tensor pd, ps, anc, tb, ts, fg;
+};
+
+inline BboxLossInputs bbox_loss_inputs(const at::Tensor& pred_dist, const at::Tensor& pred_scores,
+                                       const at::Tensor& anchor_points, const at::Tensor& target_bboxes,
+                                       const at::Tensor& target_scores, const at::Tensor& fg_mask) {
+  const bool f64 = pred_dist.scalar_type() == at::kDouble || pred_scores.scalar_type() == at::kDouble;
+  const auto ct = f64 ? at::kDouble : at::kFloat;
+  return {f64,
+          pred_dist.to(ct).contiguous(),
+          pred_scores.to(ct).contiguous(),
+          anchor_points.to(ct).contiguous(),
+          target_bboxes.to(ct).contiguous(),
+          target_scores.to(ct).contiguous(),
+          fg_mask.to(at::kBool).contiguous()};
 }
 
 }  // namespace yolofast_checks

@@ -263,14 +263,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bbox_loss
                                     kMaxRegMax);
   const int64_t B = pred_dist.size(0), A = pred_dist.size(1), R4 = pred_dist.size(2), C = pred_scores.size(2);
 
-  const bool dbl = pred_dist.scalar_type() == at::kDouble || pred_scores.scalar_type() == at::kDouble;
-  const auto ct = dbl ? at::kDouble : at::kFloat;
-  const auto pd = pred_dist.to(ct).contiguous();
-  const auto ps = pred_scores.to(ct).contiguous();
-  const auto anc = anchor_points.to(ct).contiguous();
-  const auto tb = target_bboxes.to(ct).contiguous();
-  const auto ts = target_scores.to(ct).contiguous();
-  const auto fg = fg_mask.to(at::kBool).contiguous();
+  const auto in =
+      yolofast_checks::bbox_loss_inputs(pred_dist, pred_scores, anchor_points, target_bboxes, target_scores, fg_mask);
+  const bool dbl = in.f64;
+  const at::Tensor &pd = in.pd, &ps = in.ps, &anc = in.anc, &tb = in.tb, &ts = in.ts, &fg = in.fg;
   const auto opt = pd.options();
   auto gbox = at::empty({B, A, R4}, opt);
   auto gdfl = at::empty({B, A, R4}, opt);

@@ -399,16 +399,12 @@ Outputs tal_assign_cpu(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes,
             at::zeros({B, A}, pd_scores.options().dtype(at::kBool)),
             at::zeros({B, A}, pd_scores.options().dtype(at::kLong))};
   }
-  // float64 when any of scores / pred boxes / GT boxes is float64, else float32 (bf16/fp16 upcast).
-  const bool f64 = pd_scores.scalar_type() == at::kDouble || pd_bboxes.scalar_type() == at::kDouble ||
-                   gt_bboxes.scalar_type() == at::kDouble;
-  const auto ct = f64 ? at::kDouble : at::kFloat;
-  const at::Tensor scores = pd_scores.to(ct).contiguous();
-  const at::Tensor pbox = pd_bboxes.to(ct).contiguous();
-  const at::Tensor anc = anc_points.to(ct).contiguous();
-  const at::Tensor gt = gt_bboxes.to(ct).contiguous();
-  const at::Tensor labels = gt_labels.reshape({B, M}).to(at::kLong).contiguous();
-  const at::Tensor real = (mask_gt.reshape({B, M}) > 0).contiguous();
+  const auto in =
+      yolofast_checks::tal_assign_inputs(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt);
+  const bool f64 = in.f64;
+  const auto ct = in.scores.scalar_type();
+  const at::Tensor &scores = in.scores, &pbox = in.pbox, &anc = in.anc, &gt = in.gt, &labels = in.labels,
+                   &real = in.real;
 
   auto opts = pd_scores.options();
   at::Tensor o_lab = at::empty({B, A}, opts.dtype(at::kLong));

@@ -78,16 +78,12 @@ Outputs5 tal_assign_cuda(const at::Tensor& pd_scores, const at::Tensor& pd_bboxe
   const int64_t k = std::min<int64_t>(topk, A);
   TORCH_CHECK(k <= kTalMaxTopk, "tal_assign (CUDA): topk must be <= ", kTalMaxTopk,
               " (the per-GT top-k lives in shared memory), got ", topk);
-  // float64 when any of scores / pred boxes / GT boxes is float64, else float32 (bf16/fp16 upcast)
-  const bool f64 = pd_scores.scalar_type() == at::kDouble || pd_bboxes.scalar_type() == at::kDouble ||
-                   gt_bboxes.scalar_type() == at::kDouble;
-  const auto ct = f64 ? at::kDouble : at::kFloat;
-  const at::Tensor scores = pd_scores.to(ct).contiguous();
-  const at::Tensor pbox = pd_bboxes.to(ct).contiguous();
-  const at::Tensor anc = anc_points.to(ct).contiguous();
-  const at::Tensor gt = gt_bboxes.to(ct).contiguous();
-  const at::Tensor labels = gt_labels.reshape({B, M}).to(at::kLong).contiguous();
-  const at::Tensor real = (mask_gt.reshape({B, M}) > 0).contiguous();
+  const auto in =
+      yolofast_checks::tal_assign_inputs(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt);
+  const bool f64 = in.f64;
+  const auto ct = in.scores.scalar_type();
+  const at::Tensor &scores = in.scores, &pbox = in.pbox, &anc = in.anc, &gt = in.gt, &labels = in.labels,
+                   &real = in.real;
 
   at::Tensor o_lab = at::empty({B, A}, opts.dtype(at::kLong));
   at::Tensor o_box = at::empty({B, A, 4}, opts.dtype(ct));
@@ -122,14 +118,10 @@ Outputs5 bbox_loss_cuda(const at::Tensor& pred_dist, const at::Tensor& pred_scor
                "yolofast::bbox_loss");
   const c10::cuda::CUDAGuard guard(pred_dist.device());
 
-  const bool f64 = pred_dist.scalar_type() == at::kDouble || pred_scores.scalar_type() == at::kDouble;
-  const auto ct = f64 ? at::kDouble : at::kFloat;
-  const auto pd = pred_dist.to(ct).contiguous();
-  const auto ps = pred_scores.to(ct).contiguous();
-  const auto anc = anchor_points.to(ct).contiguous();
-  const auto tb = target_bboxes.to(ct).contiguous();
-  const auto ts = target_scores.to(ct).contiguous();
-  const auto fg = fg_mask.to(at::kBool).contiguous();
+  const auto in =
+      yolofast_checks::bbox_loss_inputs(pred_dist, pred_scores, anchor_points, target_bboxes, target_scores, fg_mask);
+  const bool f64 = in.f64;
+  const at::Tensor &pd = in.pd, &ps = in.ps, &anc = in.anc, &tb = in.tb, &ts = in.ts, &fg = in.fg;
   const auto opt = pd.options();
   at::Tensor losses = at::empty({3}, opt);
   at::Tensor gbox = at::empty({B, A, R4}, opt);
