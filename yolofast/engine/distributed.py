@@ -14,6 +14,14 @@ Only rank 0 validates (the EMA), logs and writes files; ``rank0_broadcast`` hand
 stop flags) to the other ranks so every rank takes the same branch and none waits forever in a collective.
 A rank that dies makes the others fail at their next collective after ``YOLOFAST_DDP_TIMEOUT`` seconds
 (default 600: longer than a rank-0 validation of coco128 on CPU, short enough not to burn a GPU node).
+Under torchrun that timeout is only a backstop: its agent sees a worker exit within its monitor interval
+(0.1 s) and stops the others (SIGTERM), so a rank that raises ends the whole run in seconds.
+
+Restarts (``torchrun --max-restarts=K``): the agent keeps one TCPStore for the whole job and the workers
+of every attempt join the process group through it. Its keys outlive an attempt, so a restarted rank 0
+read the dead rank 1's address of the attempt before and connected to it (gloo's connectFullMesh retried a
+dead port, or hung in a futex wait until the timeout). ``init_distributed`` therefore rendezvouses under a
+key prefix of its own per attempt (``TORCHELASTIC_RESTART_COUNT``).
 """
 
 from __future__ import annotations
@@ -26,7 +34,8 @@ import torch.distributed as dist
 
 __all__ = ["get_rank", "get_local_rank", "get_world_size", "is_main_process", "is_distributed",
            "unwrap_model", "init_distributed", "wrap_ddp", "rank0_broadcast", "broadcast_flag",
-           "barrier", "destroy_distributed", "ddp_timeout"]
+           "barrier", "destroy_distributed", "ddp_timeout", "restart_count", "gather_to_rank0",
+           "all_gather_objects"]
 
 
 def get_rank() -> int:
@@ -61,6 +70,24 @@ def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
             return model
 
 
+def restart_count() -> int:
+    """How often torchrun restarted this worker group (0: the first attempt, or not under torchrun)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+
+
+def _attempt_store(world: int):
+    """The agent's TCPStore under a prefix of this attempt, or None when torchrun hosts no shared store.
+
+    The prefix keeps a restarted group from reading the keys (gloo addresses, counters) of the group that
+    died: same store, fresh names.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None  # env:// rendezvous: rank 0 hosts a new store on MASTER_PORT for each attempt
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
+                          timeout=ddp_timeout())
+    return dist.PrefixStore(f"yolofast/attempt_{restart_count()}", store)
+
+
 def ddp_timeout() -> datetime.timedelta:
     return datetime.timedelta(seconds=float(os.environ.get("YOLOFAST_DDP_TIMEOUT", 600)))
 
@@ -85,7 +112,8 @@ def init_distributed(device: torch.device) -> torch.device:
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
     if not dist.is_initialized():
-        dist.init_process_group(backend, timeout=ddp_timeout(), rank=get_rank(), world_size=world)
+        dist.init_process_group(backend, store=_attempt_store(world), timeout=ddp_timeout(), rank=get_rank(),
+                                world_size=world)
     return device
 
 
@@ -108,6 +136,24 @@ def rank0_broadcast(fn, *args, **kwargs):
     obj = [fn(*args, **kwargs) if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(obj, src=0)
     return obj[0]
+
+
+def gather_to_rank0(obj):
+    """``[obj of rank 0, obj of rank 1, ...]`` on rank 0, None on the others; ``[obj]`` in one process."""
+    if not is_distributed():
+        return [obj]
+    out = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(obj, out, dst=0)
+    return out
+
+
+def all_gather_objects(obj) -> list:
+    """``[obj of rank 0, obj of rank 1, ...]`` on every rank (picklable objects)."""
+    if not is_distributed():
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def broadcast_flag(flag: bool) -> bool:

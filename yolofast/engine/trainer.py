@@ -49,7 +49,7 @@ from tqdm import tqdm
 
 from yolofast.cfg import DEFAULTS, CfgError, get_cfg
 from yolofast.engine import checkpoint as ckpt_io
-from yolofast.engine import cudagraph, optim
+from yolofast.engine import cudagraph, elastic, optim
 from yolofast.engine.autobatch import (
     MEMORY_COLUMNS,
     autobatch,
@@ -62,14 +62,17 @@ from yolofast.engine.callbacks import Callbacks
 from yolofast.engine.compile import compile_mode, train_step_modules
 from yolofast.engine.cudagraph import GraphedTrainStep, graph_blockers, optimizer_kwargs
 from yolofast.engine.distributed import (
+    all_gather_objects,
     barrier,
     broadcast_flag,
     destroy_distributed,
+    gather_to_rank0,
     get_rank,
     get_world_size,
     init_distributed,
     is_main_process,
     rank0_broadcast,
+    restart_count,
     unwrap_model,
 )
 from yolofast.engine.recovery import NonFiniteGuard, OutOfMemoryHalving, is_out_of_memory
@@ -187,6 +190,7 @@ class Trainer:
         self.callbacks = _callbacks or Callbacks()
 
         self.resume_ckpt = None
+        elastic_dir = None if self.args.resume else self._elastic_restart(overrides)
         if self.args.resume:
             self._load_resume_args(overrides)
         self.device = select_device(self.args.device)
@@ -205,6 +209,8 @@ class Trainer:
             raise CfgError(str(e)) from None
         if self.resume_ckpt is not None:
             self.save_dir = Path(self.resume_ckpt).parent.parent
+        elif elastic_dir is not None:  # restarted before epoch 1 was saved: start over in the same folder
+            self.save_dir = elastic_dir
         else:
             self.save_dir = increment_path(Path(self.args.project) / (self.args.name or "train"),
                                            self.args.exist_ok)
@@ -340,6 +346,21 @@ class Trainer:
         self.resume_ckpt = str(path)
         self._resume_state = ckpt
 
+    def _elastic_restart(self, overrides: dict) -> Path | None:
+        """Under a torchrun restart, this run's folder (elastic.py); sets ``resume`` to its last.pt when it
+        has one, so the restarted group continues the run instead of starting a new one."""
+        folder = elastic.restarted_run(self.args.project, self.args.name or "train")
+        if folder is None:
+            return None
+        last = folder / "weights" / "last.pt"
+        if last.is_file():
+            self.args.resume = str(last)
+            if is_main_process():
+                tqdm.write(f"torchrun restart {restart_count()}: resuming {last}")
+        else:
+            (folder / "results.csv").unlink(missing_ok=True)  # rows of an epoch no checkpoint holds
+        return folder
+
     def _setup_amp(self) -> None:
         """bf16 autocast where the hardware does bf16 natively (no scaler), fp16 + GradScaler on older GPUs,
         fp32 otherwise or when ``amp=False``.
@@ -375,6 +396,7 @@ class Trainer:
         init_seeds(a.seed + 1 + max(self.rank, 0), a.deterministic)
         if is_main_process():
             self.wdir.mkdir(parents=True, exist_ok=True)
+            elastic.mark_run(self.save_dir)  # where a torchrun restart finds this run (elastic.py)
             with open(self.save_dir / "args.yaml", "w", encoding="utf-8") as f:
                 yaml.safe_dump({k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()}, f,
                                sort_keys=False)
@@ -463,6 +485,19 @@ class Trainer:
         if self.resume_ckpt is not None:
             self._restore(self._resume_state)
             del self._resume_state
+        self._check_ranks_agree()
+
+    def _check_ranks_agree(self) -> None:
+        """Every rank starts at the same epoch of the same run, or none trains: a rank that resumed alone
+        (a node that cannot see the run folder) would run other epochs and wait in an all-reduce."""
+        if self.world_size <= 1:
+            return
+        starts = all_gather_objects((self.start_epoch, self.save_dir.name))
+        if len(set(starts)) > 1:
+            where = ", ".join(f"rank {r}: epoch {e + 1} of '{n}'" for r, (e, n) in enumerate(starts))
+            raise CfgError(f"the ranks would start at different points ({where}): put project="
+                           f"{self.args.project} on a file system every node sees, or pass the same resume= "
+                           f"path to every node")
 
     def _rng_generators(self) -> dict:
         """Loader-owned generators (shuffle order, worker seeds) that must resume where they stopped."""
@@ -498,10 +533,13 @@ class Trainer:
         closes_at = self.epochs - self.args.close_mosaic  # the loop's test; < 0 (a short run): never
         if self.args.close_mosaic and 0 <= closes_at < self.start_epoch:
             self._close_mosaic()
-        ckpt_io.set_rng_state(ckpt["rng"], self._rng_generators())
+        rng = ckpt["rng"]
+        if len(ckpt.get("rng_ranks") or ()) == self.world_size > 1:  # this rank's own streams (save_model)
+            rng = ckpt["rng_ranks"][self.rank]
+        ckpt_io.set_rng_state(rng, self._rng_generators())
         ds_rng = getattr(self.train_loader.dataset, "rng", None)
-        if isinstance(ds_rng, np.random.Generator) and "dataset" in ckpt["rng"]:
-            ds_rng.bit_generator.state = ckpt["rng"]["dataset"]
+        if isinstance(ds_rng, np.random.Generator) and "dataset" in rng:
+            ds_rng.bit_generator.state = rng["dataset"]
         if self.csv.exists():  # drop rows of epochs the checkpoint does not hold (crash after the csv write)
             with open(self.csv, newline="", encoding="utf-8") as f:
                 rows = [r for r in csv.DictReader(f) if int(float(r["epoch"])) <= self.start_epoch]
@@ -790,9 +828,14 @@ class Trainer:
 
     def save_model(self) -> None:
         """last.pt every time; best.pt when this epoch has the best fitness; epoch{N}.pt every save_period."""
+        # Each rank draws its own augmentations: rank 0's checkpoint holds every rank's RNG state, so that
+        # a resumed (or torchrun-restarted) group continues each stream where it stopped.
+        rng_ranks = gather_to_rank0(self._rng_state()) if self.world_size > 1 else None
         if not is_main_process():
             return
         ckpt = self._checkpoint()
+        if rng_ranks is not None:
+            ckpt["rng_ranks"] = rng_ranks
         ckpt_io.save_checkpoint(ckpt, self.last)
         if self.best_epoch == self.epoch:
             ckpt_io.save_checkpoint(ckpt, self.best)
