@@ -240,7 +240,10 @@ def main(argv=None) -> int:
     if cmd not in COMMANDS:
         print(f"yolofast: error: unknown command '{cmd}'\n\n{USAGE}", file=sys.stderr)
         return 2
+    import torch
+
     from yolofast.data import DataError
+    from yolofast.engine.distributed import PeerFailedError, is_main_process
     from yolofast.engine.recovery import NonFiniteLossError
 
     try:
@@ -249,6 +252,10 @@ def main(argv=None) -> int:
         print(f"yolofast: error: {e}", file=sys.stderr)
         return 2
     except NonFiniteLossError as e:  # the run gave up after restoring; its message names the checkpoint
+        if is_main_process():  # under torchrun every rank gives up together (the check is all-reduced)
+            print(f"yolofast: error: {e}", file=sys.stderr)
+        return 1
+    except (torch.OutOfMemoryError, PeerFailedError) as e:  # their messages say what to do (or look at)
         print(f"yolofast: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

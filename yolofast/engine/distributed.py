@@ -35,7 +35,19 @@ import torch.distributed as dist
 __all__ = ["get_rank", "get_local_rank", "get_world_size", "is_main_process", "is_distributed",
            "unwrap_model", "init_distributed", "wrap_ddp", "rank0_broadcast", "broadcast_flag",
            "barrier", "destroy_distributed", "ddp_timeout", "restart_count", "gather_to_rank0",
-           "all_gather_objects"]
+           "all_gather_objects", "PeerFailedError", "is_peer_failure"]
+
+# How a collective reports that the other end is gone (gloo's TCP pairs; NCCL's remote error / abort).
+_PEER_GONE = ("closed by peer", "reset by peer", "Broken pipe", "ncclRemoteError", "communicator was aborted")
+
+
+class PeerFailedError(RuntimeError):
+    """This rank's collective failed because another rank ended: that rank's own error is the cause."""
+
+
+def is_peer_failure(e: BaseException) -> bool:
+    """True when ``e`` is a collective failing because another rank exited (not this rank's own fault)."""
+    return isinstance(e, RuntimeError) and any(s in str(e) for s in _PEER_GONE)
 
 
 def get_rank() -> int:

@@ -68,7 +68,8 @@ class NonFiniteGuard:
 
     def check(self, loss: torch.Tensor, batch: dict, epoch: int, step: int) -> bool:
         """True when ``loss`` is finite; otherwise log, count, maybe restore or raise, and return False."""
-        finite = torch.isfinite(loss.detach()).all().to(torch.int32)
+        own = torch.isfinite(loss.detach()).all()  # this rank's; `finite` (a copy) becomes every rank's
+        finite = own.to(torch.int32)
         if dist.is_available() and dist.is_initialized():
             # All ranks skip together: a rank that ran backward alone would wait forever in DDP's all-reduce.
             dist.all_reduce(finite, op=dist.ReduceOp.MIN)
@@ -81,9 +82,10 @@ class NonFiniteGuard:
         more = f" (+{len(files) - 4} more)" if len(files) > 4 else ""
         shown = ", ".join(str(f) for f in files[:4]) + more
         value = loss.detach().float().cpu().tolist()
-        warnings.warn(f"non-finite loss ({value}) at epoch {epoch + 1} step "
-                      f"{step}: step skipped (no optimizer/EMA update; {self.streak} in a row); batch files: "
-                      f"{shown or '?'}", stacklevel=2)
+        if not bool(own):  # under DDP the rank that saw it names its batch; the others skip silently
+            warnings.warn(f"non-finite loss ({value}) at epoch {epoch + 1} step {step}: step skipped (no "
+                          f"optimizer/EMA update; {self.streak} in a row); batch files: {shown or '?'}",
+                          stacklevel=2)
         if self.streak >= self.patience:
             if self.restores >= self.max_restores or self._state is None:
                 raise NonFiniteLossError(

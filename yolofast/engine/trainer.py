@@ -62,6 +62,7 @@ from yolofast.engine.callbacks import Callbacks
 from yolofast.engine.compile import compile_mode, train_step_modules
 from yolofast.engine.cudagraph import GraphedTrainStep, graph_blockers, optimizer_kwargs
 from yolofast.engine.distributed import (
+    PeerFailedError,
     all_gather_objects,
     barrier,
     broadcast_flag,
@@ -71,6 +72,7 @@ from yolofast.engine.distributed import (
     get_world_size,
     init_distributed,
     is_main_process,
+    is_peer_failure,
     rank0_broadcast,
     restart_count,
     unwrap_model,
@@ -251,6 +253,11 @@ class Trainer:
             # Ranks end together: rank 1 tearing its gloo group down while rank 0 was still saving aborted
             # it once in CI ("terminate called without an active exception", SIGABRT after the last epoch).
             barrier()
+        except RuntimeError as e:  # another rank died mid-collective: its error is the one that matters
+            if self.world_size > 1 and is_peer_failure(e):
+                raise PeerFailedError(f"rank {self.rank} stopped in epoch {self.epoch + 1}: another rank "
+                                      f"ended during a collective; its own error is printed above") from e
+            raise
         finally:
             self.run_callbacks("teardown")
             destroy_distributed()
