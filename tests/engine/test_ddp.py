@@ -137,7 +137,8 @@ def test_torchrun_one_epoch_rank0_writes(tmp_path):
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert sorted(x.name for x in project.iterdir()) == ["run"]  # rank 1 made no run folder of its own
     files = sorted(str(f.relative_to(project / "run")) for f in (project / "run").rglob("*") if f.is_file())
-    assert files == ["args.yaml", "results.csv", "weights/best.pt", "weights/last.pt"], files
+    want = [".torchrun_run_id", "args.yaml", "results.csv", "weights/best.pt", "weights/last.pt"]
+    assert files == want, files  # .torchrun_run_id: where a torchrun restart finds this run
     rows = (project / "run" / "results.csv").read_text().strip().splitlines()
     assert len(rows) == 2  # header + one epoch, written once (by rank 0)
 
