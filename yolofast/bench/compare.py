@@ -15,15 +15,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from pathlib import Path
+
+from yolofast.bench import stats
+from yolofast.bench.stats import CONFIDENCE, Sample
 
 __all__ = [
     "Change",
     "GateResult",
+    "row_sample",
     "check_floors",
     "compare",
     "compare_files",
+    "decide_files",
     "format_compare",
     "format_gate",
     "load_results",
@@ -34,7 +40,8 @@ __all__ = [
 def _from_pytest_benchmark(data: dict) -> list[dict]:
     """pytest-benchmark JSON -> rows: preset = group, op = test name without params, backend = the
     ``backend``/``impl``/``variant`` parameter or extra_info (benchmarks/conftest.py's ``measure`` records
-    ``extra_info["variant"]``), else the bracketed id; ratios against the "ref" row of the same group+op."""
+    ``extra_info["variant"]``), else the bracketed id; ratios against the "ref" row of the same group+op;
+    the per-round times when the file has them."""
     rows = []
     for b in data.get("benchmarks", []):
         params = b.get("params") or {}
@@ -50,6 +57,10 @@ def _from_pytest_benchmark(data: dict) -> list[dict]:
             "status": "ok",
             "baseline": bool(extra.get("baseline", False)),
             "median_ms": b["stats"]["median"] * 1e3,
+            # Per-round times (written with --benchmark-save-data; benchmarks/conftest.py turns it on).
+            # The tests of one group run one after the other, so their rounds do not pair up.
+            "times_ms": [t * 1e3 for t in b["stats"].get("data") or []],
+            "paired": False,
         })
     refs = {(r["preset"], r["op"]): r["median_ms"] for r in rows if r["backend"] == "ref"}
     for r in rows:
@@ -95,8 +106,16 @@ class Change:
     old: float | None
     new: float | None
     change: float | None  # new / old - 1 (> 0: slower)
-    verdict: str  # "ok", "REGRESSION", "improved", "lost", "new", "gone", "info"
+    verdict: str  # "ok", "REGRESSION", "inconclusive", "improved", "lost", "new", "gone", "info"
     note: str = ""
+    low: float | None = None  # the interval of ``change`` at ``confidence`` (None: none possible)
+    high: float | None = None
+    confidence: float = CONFIDENCE
+
+    @property
+    def suspect(self) -> bool:
+        """Worth measuring again: called a regression, or past the threshold without certainty."""
+        return self.verdict in ("REGRESSION", "inconclusive") and self.metric != ""
 
 
 def _index(rows: list[dict]) -> dict:
@@ -107,10 +126,31 @@ def _ok(r: dict | None) -> bool:
     return r is not None and r.get("status", "ok") == "ok" and r.get("median_ms") is not None
 
 
-def compare(old: dict, new: dict, threshold: float = 0.1) -> list[Change]:
-    """Changes per (preset, op, backend) from ``old`` to ``new`` (results of ``load_results``)."""
+def row_sample(row: dict, ref: dict | None) -> Sample:
+    """The evidence of one row: its per-round paired ratios (``ratios``, else from both rows' per-round
+    ``times_ms`` when they pair up), else the unpaired per-round times (pytest-benchmark's ``data``),
+    else only its summary ratio. ``ref`` None: absolute per-round times."""
+    if ref is None:
+        t = row.get("times_ms") or []
+        return Sample.paired(t) if t else Sample(summary=row["median_ms"])
+    if row.get("ratios"):
+        return Sample.paired(row["ratios"])
+    a, b = ref.get("times_ms") or [], row.get("times_ms") or []
+    if a and b and row.get("paired", True) and len(a) == len(b):
+        return Sample.paired([y / x for x, y in zip(a, b)])
+    if a and b:
+        return Sample.unpaired(a, b)
+    return Sample(summary=row["ratio_vs_ref"])
+
+
+def compare(old: dict, new: dict, threshold: float = 0.1, confidence: float = CONFIDENCE,
+            seed: int = stats.SEED) -> list[Change]:
+    """Changes per (preset, op, backend) from ``old`` to ``new`` (results of ``load_results``), each with
+    its bootstrap interval and the verdict of ``stats.verdict``."""
     if threshold < 0:
         raise ValueError(f"--threshold {threshold}: give a fraction >= 0, e.g. 0.1 for 10 %")
+    if not 0.5 <= confidence < 1:
+        raise ValueError(f"--confidence {confidence}: give a probability in [0.5, 1), e.g. 0.95")
     o, n = _index(old["rows"]), _index(new["rows"])
     out = []
     for key in list(o) + [k for k in n if k not in o]:
@@ -134,18 +174,14 @@ def compare(old: dict, new: dict, threshold: float = 0.1) -> list[Change]:
                      and ro.get("ratio_vs_ref") is not None and rn.get("ratio_vs_ref") is not None)
         metric = "ratio" if use_ratio else "ms"
         vo, vn = (ro["ratio_vs_ref"], rn["ratio_vs_ref"]) if use_ratio else (ro["median_ms"], rn["median_ms"])
-        change = vn / vo - 1 if vo else None
-        if is_ref or baseline:
-            verdict = "info"  # the reference / baselines only show how the machine moved
-        elif change is None:
-            verdict = "ok"
-        elif change > threshold:
-            verdict = "REGRESSION"
-        elif change < -threshold:
-            verdict = "improved"
-        else:
-            verdict = "ok"
-        out.append(Change(*key, metric, vo, vn, change, verdict))
+        if is_ref or baseline:  # the reference / baselines only show how the machine moved
+            out.append(Change(*key, metric, vo, vn, vn / vo - 1 if vo else None, "info"))
+            continue
+        so = row_sample(ro, ref_o if use_ratio else None)
+        sn = row_sample(rn, ref_n if use_ratio else None)
+        est = stats.shift(so, sn, confidence=confidence, seed=seed)
+        out.append(Change(*key, metric, math.exp(so.point()), math.exp(sn.point()), est.change,
+                          stats.verdict(est, threshold), est.why, est.low, est.high, confidence))
     return out
 
 
@@ -159,23 +195,35 @@ def _num(metric: str, v) -> str:
     return f"{v:.4g}" if metric == "ratio" else f"{v:.2f} ms"
 
 
+def _pct(v) -> str:
+    return "-" if v is None else f"{v * 100:+.1f}%"
+
+
 def format_compare(changes: list[Change], threshold: float = 0.1) -> str:
-    head = ("preset", "op", "backend", "metric", "old", "new", "change", "verdict")
+    head = ("preset", "op", "backend", "metric", "old", "new", "change", "interval", "verdict")
     cells = []
     for c in changes:
-        ch = "-" if c.change is None else f"{c.change * 100:+.1f}%"
+        iv = "-" if c.low is None else f"[{_pct(c.low)}, {_pct(c.high)}]"
         verdict = c.verdict + (f" ({c.note})" if c.note else "")
         metric = {"ratio": "fused/ref", "ms": "median"}.get(c.metric, "-")
-        cells.append((c.preset, c.op, c.backend, metric, _num(c.metric, c.old), _num(c.metric, c.new), ch,
-                      verdict))
+        cells.append((c.preset, c.op, c.backend, metric, _num(c.metric, c.old), _num(c.metric, c.new),
+                      _pct(c.change), iv, verdict))
     widths = [max([len(h)] + [len(x[i]) for x in cells]) for i, h in enumerate(head)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip()]
     lines += ["  ".join(x.ljust(w) for x, w in zip(row, widths)).rstrip() for row in cells]
+    conf = changes[0].confidence if changes else CONFIDENCE
+    lines.append(f"fused/ref: the median over rounds of the fused time / the same round's reference time "
+                 f"(lower is faster); interval: {conf * 100:g} % bootstrap interval of the change (seeded)")
+    lines.append(f"REGRESSION: the whole interval is slower than the threshold ({threshold * 100:g}%); "
+                 "inconclusive: the change is past it but the interval reaches below it")
     bad = regressions(changes)
-    lines.append(f"fused/ref: the fused time as a fraction of the same run's reference (lower is faster); "
-                 f"threshold {threshold * 100:.0f}%")
     names = ", ".join(f"{c.preset}/{c.op}/{c.backend}" for c in bad)
     lines.append(f"{len(bad)} regression(s)" + (f": {names}" if bad else ""))
+    unsure = [c for c in changes if c.verdict == "inconclusive"]
+    if unsure:
+        lines.append(f"{len(unsure)} inconclusive: "
+                     + ", ".join(f"{c.preset}/{c.op}/{c.backend}" for c in unsure)
+                     + " (re-run with more --rounds, or --compare ... --remeasure)")
     return "\n".join(lines)
 
 
@@ -195,15 +243,46 @@ def meta_differences(old: dict, new: dict) -> list[str]:
     return out
 
 
-def compare_files(old_path, new_path, threshold: float = 0.1, out=print) -> int:
-    """Print the comparison; 1 when a fused row regressed past ``threshold`` (or was lost), else 0."""
+def compare_files(old_path, new_path, threshold: float = 0.1, out=print, confidence: float = CONFIDENCE,
+                  remeasure=None) -> int:
+    """Print the comparison; 1 when a fused row regressed past ``threshold`` (or was lost), else 0.
+
+    ``remeasure(new, suspects) -> rows``: measures the suspect (REGRESSION or inconclusive) rows again
+    with the code installed now; each suspect is then decided on the re-measurement (and its reference)
+    instead of the first one, once, as the CI gate does."""
+    changes = decide_files(old_path, new_path, threshold, out, confidence, remeasure)
+    return 1 if regressions(changes) else 0
+
+
+def decide_files(old_path, new_path, threshold: float = 0.1, out=print, confidence: float = CONFIDENCE,
+                 remeasure=None) -> list[Change]:
+    """``compare_files``' work: prints the table and returns the changes."""
     old, new = load_results(old_path), load_results(new_path)
-    changes = compare(old, new, threshold)
+    changes = compare(old, new, threshold, confidence)
     out(f"old: {old_path}\nnew: {new_path}")
     for w in meta_differences(old["meta"], new["meta"]):
         out(f"warning: {w}")
+    sus = [c for c in changes if c.suspect]
+    if remeasure is not None and sus:
+        out(format_compare(changes, threshold))
+        out("re-measuring " + ", ".join(f"{c.preset}/{c.op}/{c.backend}" for c in sus) + " once")
+        again = _index(remeasure(new, sus))
+        rows = _index(new["rows"])
+        for c in sus:
+            for b in (c.backend, "ref"):
+                k = (c.preset, c.op, b)
+                if k in again:
+                    rows[k] = again[k]
+        redo = {(c.preset, c.op, c.backend): c
+                for c in compare(old, {**new, "rows": list(rows.values())}, threshold, confidence)}
+        for i, c in enumerate(changes):
+            if c in sus:
+                r = redo[(c.preset, c.op, c.backend)]
+                first = f"re-measured (first: {c.verdict} {_pct(c.change)})"
+                r.note = "; ".join(filter(None, [r.note, first]))
+                changes[i] = r
     out(format_compare(changes, threshold))
-    return 1 if regressions(changes) else 0
+    return changes
 
 
 # ------------------------------------------------------------------------------------------ CI floors
