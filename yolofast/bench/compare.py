@@ -1,11 +1,12 @@
-"""Compare two benchmark runs (``yolofast bench --compare old.json new.json``); check CI ratio floors.
+"""Compare two benchmark runs (``yolofast bench --compare old.json new.json``).
 
 What is compared: for every fused row (a yolofast backend other than "ref"; baselines are context only)
 its time RATIO to the reference of the same file when both files have that reference, since two runs on
 these shared machines differ by up to 50 % in absolute time while the fused/ref ratio of one run is
-stable; absolute medians only when a file has no reference row. A change past ``threshold`` (0.1 = the
-fused op got 10 % slower relative to the reference) is a regression, and so is a fused backend that ran
-in the old file and is unavailable or failing in the new one.
+stable; absolute medians only when a file has no reference row. A change whose whole bootstrap interval
+(``stats.py``, seeded, from the rows' per-round ratios) lies past ``threshold`` (0.1 = the fused op got
+10 % slower relative to the reference) is a regression, and so is a fused backend that ran in the old
+file and is unavailable or failing in the new one. The CI gate's floors: ``floors.py``.
 
 Both ``yolofast bench --json`` files and ``pytest benchmarks --benchmark-json`` files are accepted (the
 latter matched by group, test name and its ``backend`` parameter).
@@ -16,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import re
 from pathlib import Path
 
 from yolofast.bench import stats
@@ -24,14 +24,11 @@ from yolofast.bench.stats import CONFIDENCE, Sample
 
 __all__ = [
     "Change",
-    "GateResult",
     "row_sample",
-    "check_floors",
     "compare",
     "compare_files",
     "decide_files",
     "format_compare",
-    "format_gate",
     "load_results",
 ]
 
@@ -283,63 +280,3 @@ def decide_files(old_path, new_path, threshold: float = 0.1, out=print, confiden
                 changes[i] = r
     out(format_compare(changes, threshold))
     return changes
-
-
-# ------------------------------------------------------------------------------------------ CI floors
-@dataclasses.dataclass
-class GateResult:
-    key: str  # "preset/op"
-    backend: str
-    floor: float
-    speedup: float | None
-    verdict: str  # "PASS", "FAIL", "SKIP"
-    note: str = ""
-
-
-def _key(k: str) -> tuple[str, str]:
-    if not re.fullmatch(r"[^/]+/[^/]+", k):
-        raise ValueError(f"floors.json key {k!r} is not 'preset/op' (e.g. 'loss-b8-640-50gt/tal_assign')")
-    preset, op = k.split("/")
-    return preset, op
-
-
-def check_floors(rows: list[dict], floors: dict, backend: str = "cpp",
-                 allow_missing: bool = False) -> tuple[bool, list[GateResult]]:
-    """Every "preset/op" of ``floors`` ({key: floor speed-up}) against measured ``rows`` (dicts).
-
-    FAIL: the speed-up (the row's paired median, else ref median / fused median) under its floor, a fused
-    row that errored, a reference that did not run, or no row at all; a fused backend that is unavailable
-    FAILS too unless ``allow_missing`` (then SKIP). Returns (all passed, results).
-    """
-    idx = _index(rows)
-    results = []
-    for k, floor in floors.items():
-        preset, op = _key(k)
-        floor = float(floor)
-        ref, fused = idx.get((preset, op, "ref")), idx.get((preset, op, backend))
-        if fused is None:
-            results.append(GateResult(k, backend, floor, None, "FAIL", "not measured"))
-        elif fused.get("status") == "n/a":
-            results.append(GateResult(k, backend, floor, None, "SKIP" if allow_missing else "FAIL",
-                                      f"{backend} unavailable: {fused.get('note', '')}"
-                                      + ("" if allow_missing else " (YOLOFAST_GATE_ALLOW_MISSING=1 skips)")))
-        elif not _ok(fused):
-            note = f"{backend} failed: {fused.get('note')}"
-            results.append(GateResult(k, backend, floor, None, "FAIL", note))
-        elif not _ok(ref):
-            results.append(GateResult(k, backend, floor, None, "FAIL", "the reference did not run"))
-        else:
-            s = fused.get("speedup") or ref["median_ms"] / fused["median_ms"]
-            results.append(GateResult(k, backend, floor, s, "PASS" if s >= floor else "FAIL",
-                                      "" if s >= floor else f"speed-up {s:.2f}x < floor {floor:.2f}x"))
-    return all(r.verdict != "FAIL" for r in results), results
-
-
-def format_gate(results: list[GateResult]) -> str:
-    head = ("preset/op", "backend", "speed-up", "floor", "verdict")
-    cells = [(r.key, r.backend, "-" if r.speedup is None else f"{r.speedup:.2f}x", f"{r.floor:.2f}x",
-              r.verdict + (f" ({r.note})" if r.note else "")) for r in results]
-    widths = [max([len(h)] + [len(x[i]) for x in cells]) for i, h in enumerate(head)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip()]
-    lines += ["  ".join(x.ljust(w) for x, w in zip(c, widths)).rstrip() for c in cells]
-    return "\n".join(lines)
