@@ -33,7 +33,8 @@ def bench_run(path: Path, args, slowdown: str | None) -> None:
     if slowdown:
         env["YOLOFAST_BENCH_SLOWDOWN"] = slowdown
     cmd = [sys.executable, "-m", "yolofast", "bench", "ops", "--preset", args.presets, "--ops", args.ops,
-           "--threads", "1", "--rounds", str(args.rounds), "--no-memory", "--quiet", "--json", str(path)]
+           "--threads", "1", "--rounds", str(args.rounds),
+           "--min-round-seconds", str(args.min_round_seconds), "--no-memory", "--quiet", "--json", str(path)]
     subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
 
 
@@ -66,7 +67,8 @@ def main(argv=None) -> int:
     ap.add_argument("--slow-ops", default=OPS, help="ops slowed in turn (one per slowed run)")
     ap.add_argument("--presets", default=PRESETS)
     ap.add_argument("--ops", default=OPS, help="the benchmark ops timed in every run")
-    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--rounds", type=int, default=25)
+    ap.add_argument("--min-round-seconds", type=float, default=0.1)
     ap.add_argument("--threshold", type=float, default=0.1)
     ap.add_argument("--no-remeasure", action="store_true", help="count the first verdicts only")
     ap.add_argument("--out", default="benchmarks/results/false_alarm_study")

@@ -49,6 +49,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1; 0: torch's default)")
     ap.add_argument("--rounds", type=int, default=15, help="interleaved timing rounds (median over them)")
     ap.add_argument("--warmup", type=int, default=1, help="warm-up calls per backend")
+    ap.add_argument("--min-round-seconds", type=float, default=0.05,
+                    help="a round calls each variant back to back for at least this long (default 0.05)")
     ap.add_argument("--max-case-seconds", type=float, default=60.0,
                     help="cap the rounds of a slow case at about this long (>= 3 rounds); 0: no cap")
     ap.add_argument("--seed", type=int, default=0, help="seed of the generated inputs")
@@ -177,10 +179,12 @@ def run_bench(args: argparse.Namespace, out=print) -> dict:
         cases = build_cases(p, device, args.seed, backends, ops=ops)
         rows += run_cases(cases, rounds=args.rounds, warmup=args.warmup, memory=not args.no_memory,
                           seed=args.seed, threads=threads, max_case_s=args.max_case_seconds or None,
+                          min_round_s=args.min_round_seconds,
                           progress=progress)
         del cases
     progress.done()
-    meta.update(what=args.what, rounds=args.rounds, seed=args.seed, presets=[p.name for p in presets],
+    meta.update(what=args.what, rounds=args.rounds, seed=args.seed, min_round_s=args.min_round_seconds,
+                presets=[p.name for p in presets],
                 seconds=round(time.perf_counter() - t0, 1))
     result = {**meta, "rows": [r.to_dict() for r in rows]}
     out(f"yolofast bench {args.what} on {meta['device']['name']} ({device}), {threads} thread(s), "
@@ -215,7 +219,8 @@ def remeasure_rows(new: dict, suspects) -> list[dict]:
         for case in cases:
             case.variants = [v for v in case.variants if v.name == "ref" or v.name in backends]
         rows += [r.to_dict() for r in run_cases(cases, rounds=int(meta.get("rounds", 15)), memory=False,
-                                                seed=int(meta.get("seed", 0)))]
+                                                seed=int(meta.get("seed", 0)),
+                                                min_round_s=float(meta.get("min_round_s", 0.05)))]
     return rows
 
 
