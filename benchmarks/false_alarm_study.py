@@ -71,7 +71,8 @@ def main(argv=None) -> int:
     ap.add_argument("--min-round-seconds", type=float, default=0.1)
     ap.add_argument("--threshold", type=float, default=0.1)
     ap.add_argument("--no-remeasure", action="store_true", help="count the first verdicts only")
-    ap.add_argument("--out", default="benchmarks/results/false_alarm_study")
+    ap.add_argument("--out", default="runs/false_alarm_study",
+                    help="folder for the files (runs/ is git-ignored)")
     a = ap.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
