@@ -11,9 +11,10 @@ default native: this CPU's). At or above the floor passes; below it the op is me
 fails only when it is below again (one load spike on a shared 2-core machine can move a whole run).
 Floors sit at 1/sqrt(1.3) = 88 % of the median measured speed-up (half-way, in ratio, between a healthy
 build and one whose op got 1.3x slower), and never above 95 % of the slowest measured run. Ratios, not
-absolute times. The table and the CPU line are printed whatever the outcome. A fused backend that is unavailable (no compiler, failed build) fails the gate:
-the CPU kernels are required. ``YOLOFAST_GATE_ALLOW_MISSING=1`` turns that into a skip.
-Takes ~2 minutes on 2 cores (the smaller presets where the big ones would take minutes: see floors.json).
+absolute times. The table and the CPU line are printed whatever the outcome. A fused backend that is
+unavailable (no compiler, failed build) fails the gate: the CPU kernels are required;
+``YOLOFAST_GATE_ALLOW_MISSING=1`` turns that into a skip. Takes ~2-4 minutes on 2 cores (the smaller
+presets where the big ones would take minutes: see floors.json).
 """
 
 from __future__ import annotations
@@ -49,6 +50,11 @@ MARGIN = round(1.3 ** -0.5, 3)
 # that one of its own measurements misses would fail healthy builds.
 LOWEST_GUARD = 0.95
 ROUNDS = 15
+NOTE = ("Per ISA of the C++ build (YOLOFAST_CPU_ARCH; native: this CPU's flags): each op's floor = "
+        "min(margin x the median, 0.95 x the lowest) of the speed-ups (1 thread, paired rounds) of the "
+        "runs listed. An op under its floor is re-measured once and fails only when under again. The "
+        "gate's dense scene is B=1, 640 px, 500 GT: the 1000/3000-GT presets need 6-30 s per reference "
+        "call at 1 thread.")
 
 
 def floor_from_runs(runs: list[float], margin: float = MARGIN) -> float:
@@ -131,7 +137,9 @@ def _write_floors(a, data: dict, keys: list[str], backend: str, rounds: int, mea
         med = statistics.median(s)
         new[k] = {"floor": floor_from_runs(s, margin), "measured": round(med, 2),
                   "runs": [round(x, 2) for x in s]}
-    data.pop("floors", None)  # the older flat form: replaced by per-ISA sets
+    for old in ("floors", "measured_on"):  # the older flat form: replaced by per-ISA sets
+        data.pop(old, None)
+    data["note"] = NOTE
     data.setdefault("isa", {})[isa] = {
         "floors": new, "arch": build_arch(), "cpu": cpu_report(), "measured_on": time.strftime("%Y-%m-%d"),
         "how": f"floor = min({margin:g} x the median, {LOWEST_GUARD:g} x the lowest) of the speed-ups of "
