@@ -10,7 +10,7 @@ per-round ratios, against its floor for the ISA the C++ kernels were built for (
 default native: this CPU's). At or above the floor passes; below it the op is measured once more and
 fails only when it is below again (one load spike on a shared 2-core machine can move a whole run).
 Floors sit at 1/sqrt(1.3) = 88 % of the median measured speed-up (half-way, in ratio, between a healthy
-build and one whose op got 1.3x slower), and never above 95 % of the slowest measured run. Ratios, not
+build and one whose op got 1.3x slower), and never above 85 % of the slowest measured run. Ratios, not
 absolute times. The table and the CPU line are printed whatever the outcome. A fused backend that is
 unavailable (no compiler, failed build) fails the gate: the CPU kernels are required;
 ``YOLOFAST_GATE_ALLOW_MISSING=1`` turns that into a skip. Takes ~2-4 minutes on 2 cores (the smaller
@@ -45,13 +45,13 @@ DEFAULT_KEYS = (
 # Half-way in log-ratio between healthy (1.0) and a 1.3x slower op (1/1.3 = 0.77): each is 0.13 in log
 # (~14 %) from the floor, more than twice the run-to-run spread of the speed-ups measured here.
 MARGIN = round(1.3 ** -0.5, 3)
-# ...but never above 95 % of the slowest healthy run measured: under load the assigner's speed-up moved
-# from 45x to 82x between two runs here (its reference is memory-bound, the kernel is not), and a floor
-# that one of its own measurements misses would fail healthy builds.
-LOWEST_GUARD = 0.95
+# ...but never above 85 % of the slowest healthy run measured: under load the assigner's speed-up moved
+# from 41x to 82x between runs here (its reference is memory-bound, the kernel is not), and the next
+# healthy gate run measured 38.0x and 38.6x, 7 % under the slowest of the three runs its floor came from.
+LOWEST_GUARD = 0.85
 ROUNDS = 15
 NOTE = ("Per ISA of the C++ build (YOLOFAST_CPU_ARCH; native: this CPU's flags): each op's floor = "
-        "min(margin x the median, 0.95 x the lowest) of the speed-ups (1 thread, paired rounds) of the "
+        "min(margin x the median, 0.85 x the lowest) of the speed-ups (1 thread, paired rounds) of the "
         "runs listed. An op under its floor is re-measured once and fails only when under again. The "
         "gate's dense scene is B=1, 640 px, 500 GT: the 1000/3000-GT presets need 6-30 s per reference "
         "call at 1 thread.")
