@@ -1,6 +1,7 @@
 """How often does ``yolofast bench --compare`` cry wolf, and how often does it catch a real slowdown?
 
     python benchmarks/false_alarm_study.py                       # 10 + 10 pairs, ~15 min on 2 busy cores
+    python benchmarks/false_alarm_study.py --rounds 25 --min-round-seconds 0.1   # steadier, ~2.5x longer
     python benchmarks/false_alarm_study.py --pairs 3 --rounds 9  # a quick look
 
 Runs, one after another, as a user would (each a fresh ``yolofast bench ops ... --json`` process, 1
@@ -67,8 +68,8 @@ def main(argv=None) -> int:
     ap.add_argument("--slow-ops", default=OPS, help="ops slowed in turn (one per slowed run)")
     ap.add_argument("--presets", default=PRESETS)
     ap.add_argument("--ops", default=OPS, help="the benchmark ops timed in every run")
-    ap.add_argument("--rounds", type=int, default=25)
-    ap.add_argument("--min-round-seconds", type=float, default=0.1)
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--min-round-seconds", type=float, default=0.05)
     ap.add_argument("--threshold", type=float, default=0.1)
     ap.add_argument("--no-remeasure", action="store_true", help="count the first verdicts only")
     ap.add_argument("--out", default="runs/false_alarm_study",
