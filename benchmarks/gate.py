@@ -1,15 +1,20 @@
 """CI performance gate: each fused CPU op must stay faster than its reference by its floor.
 
     python benchmarks/gate.py                  # run by .ci/run after the tests; exit 1 on a failure
-    python benchmarks/gate.py --write-floors   # re-measure and set floors = 60 % of the measured ratios
+    python benchmarks/gate.py --write-floors --repeat 3                          # this build's ISA
+    YOLOFAST_CPU_ARCH=x86-64-v3 python benchmarks/gate.py --write-floors --repeat 3   # the AVX2 floors
 
-One process, 1 thread (OMP/MKL and torch), reference and fused kernel interleaved round after round,
-median of the rounds; the speed-up (reference median / fused median) of every "preset/op" listed in
-benchmarks/floors.json must be >= its floor. Ratios, not absolute times: two identical runs on these
-shared 2-core machines differ by up to 50 % in absolute time, their ratios by a few per cent. The table
-is printed whatever the outcome. A fused backend that is unavailable (no compiler, failed build) fails
-the gate: the CPU kernels are required. ``YOLOFAST_GATE_ALLOW_MISSING=1`` turns that into a skip.
-Takes ~1 minute on 2 cores (the smaller presets where the big ones would take minutes: see floors.json).
+One process, 1 thread (OMP/MKL and torch), reference and fused kernel interleaved round after round; the
+speed-up of every "preset/op" in benchmarks/floors.json, with its seeded bootstrap interval over the
+per-round ratios, against its floor for the ISA the C++ kernels were built for (``YOLOFAST_CPU_ARCH``,
+default native: this CPU's). At or above the floor passes; below it the op is measured once more and
+fails only when it is below again (one load spike on a shared 2-core machine can move a whole run).
+Floors sit at 85 % of the slowest of the runs measured for them: a 1.3x slower op sits at 77 % of a
+healthy run, and 85 % keeps healthy runs that come in under the measured ones passing. Ratios, not
+absolute times. The table and the CPU line are printed whatever the outcome. A fused backend that is
+unavailable (no compiler, failed build) fails the gate: the CPU kernels are required;
+``YOLOFAST_GATE_ALLOW_MISSING=1`` turns that into a skip. Takes ~2-4 minutes on 2 cores (the smaller
+presets where the big ones would take minutes: see floors.json).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -36,22 +42,46 @@ DEFAULT_KEYS = (
     "assign-dense-b1-640-500gt/tal_assign",
     "ema-yolov8s/ema_update",
 )
-MARGIN = 0.6  # floor = 60 % of the measured speed-up: above the run-to-run spread of ratios seen here
+# Floor = MARGIN x the slowest of the measured runs. A 1.3x slower op sits at 0.77 of a healthy run; the
+# floor must stay under the healthy spread: under load the assigner's speed-up moved 41x-82x between runs
+# here (its reference is memory-bound, the kernel is not), and with floors at 95 % of the slowest run (or
+# at 1/sqrt(1.3) = 88 % of the median) the next healthy gate run failed it at 38.0x and 38.6x against
+# 38.8x, 7 % under the slowest of the three runs its floor came from.
+MARGIN = 0.85
+ROUNDS = 15
+NOTE = ("Per ISA of the C++ build (YOLOFAST_CPU_ARCH; native: this CPU's flags): each op's floor = "
+        "margin x the lowest of the speed-ups (1 thread, paired rounds) of the "
+        "runs listed. An op under its floor is re-measured once and fails only when under again. The "
+        "gate's dense scene is B=1, 640 px, 500 GT: the 1000/3000-GT presets need 6-30 s per reference "
+        "call at 1 thread.")
+
+
+def floor_from_runs(runs: list[float], margin: float = MARGIN) -> float:
+    """The floor of one op from its measured speed-ups: ``margin`` x the lowest of them."""
+    return round(margin * min(runs), 2)
 
 
 def load_floors(path=FLOORS) -> dict:
-    """floors.json: {"backend": "cpp", "rounds": R, "floors": {"preset/op": {"floor": x, ...}}}."""
+    """floors.json: {"backend": "cpp", "rounds": R, "isa": {"avx2": {"floors": {"preset/op": {"floor":
+    x, "measured": y}}, ...}, "avx512": {...}}} (an older file's flat "floors" applies to every ISA)."""
     from yolofast.bench.compare import read_json
 
     data = read_json(path, "create it with `python benchmarks/gate.py --write-floors`")
-    floors = data.get("floors") if isinstance(data, dict) else None
-    if not isinstance(floors, dict) or not floors:
-        raise ValueError(f"{path}: needs a non-empty 'floors' object of 'preset/op': {{'floor': x}}")
+    sets = list((data.get("isa") or {}).values()) if isinstance(data, dict) else []
+    sets = sets or ([data] if isinstance(data, dict) and "floors" in data else [])
+    if not sets or not all(isinstance(e, dict) and isinstance(e.get("floors"), dict) and e["floors"]
+                           for e in sets):
+        raise ValueError(f"{path}: needs a non-empty 'floors' object of 'preset/op': {{'floor': x}} per ISA "
+                         "under 'isa' (avx2, avx512); rewrite it with `python benchmarks/gate.py "
+                         "--write-floors`")
     return data
 
 
-def floor_values(data: dict) -> dict:
-    return {k: float(v["floor"] if isinstance(v, dict) else v) for k, v in data["floors"].items()}
+def floor_values(data: dict, isa: str | None = None) -> dict:
+    """{"preset/op": floor} for ``isa`` (default: the ISA of this build)."""
+    from yolofast.bench.floors import build_isa, floors_for_isa
+
+    return floors_for_isa(data, isa or build_isa())[0]
 
 
 MIN_ROUND_S = 0.1  # a fused call of ~5 ms is timed 20 times per round: one preemption cannot dominate
@@ -83,18 +113,58 @@ def measure(keys, backend: str = "cpp", rounds: int = 7, warmup: int = 1,
     return rows
 
 
+def _write_floors(a, data: dict, keys: list[str], backend: str, rounds: int, measure_fn, out) -> int:
+    """Measure ``--repeat`` times; per op, ``floor_from_runs`` of the runs' speed-ups, for the ISA of
+    this build (the other ISAs' floors are kept)."""
+    from yolofast.bench.floors import build_arch, build_isa, check_floors, cpu_report, format_gate
+
+    runs: dict[str, list[float]] = {}
+    for i in range(max(a.repeat, 1)):
+        rows = measure_fn(keys, backend=backend, rounds=rounds, progress=not a.quiet)
+        ok, results = check_floors(rows, dict.fromkeys(keys, 0.0), backend, allow_missing=False)
+        if not ok:
+            out(format_gate(results))
+            out("gate: cannot write floors: a fused op did not run")
+            return 1
+        for r in results:
+            runs.setdefault(r.key, []).append(r.speedup)
+        out(f"run {i + 1}: " + ", ".join(f"{r.key} {r.speedup:.2f}x" for r in results))
+    isa, margin = build_isa(), a.margin
+    new = {}
+    for k, s in runs.items():
+        med = statistics.median(s)
+        new[k] = {"floor": floor_from_runs(s, margin), "measured": round(med, 2),
+                  "runs": [round(x, 2) for x in s]}
+    for old in ("floors", "measured_on"):  # the older flat form: replaced by per-ISA sets
+        data.pop(old, None)
+    data["note"] = NOTE
+    data.setdefault("isa", {})[isa] = {
+        "floors": new, "arch": build_arch(), "cpu": cpu_report(), "measured_on": time.strftime("%Y-%m-%d"),
+        "how": f"floor = {margin:g} x the lowest of the speed-ups of "
+               f"{len(next(iter(runs.values())))} runs of "
+               f"`{'YOLOFAST_CPU_ARCH=' + build_arch() + ' ' if build_arch() != 'native' else ''}"
+               f"python benchmarks/gate.py --write-floors --repeat {a.repeat}` ({rounds} rounds, 1 thread)"}
+    data["rounds"], data["margin"] = rounds, margin
+    Path(a.floors).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    out(f"{isa} floors written to {a.floors}: " + ", ".join(f"{k} {v['floor']}x" for k, v in new.items()))
+    return 0
+
+
 def main(argv=None, measure_fn=measure, out=print) -> int:
-    from yolofast.bench.compare import check_floors, format_gate
+    from yolofast.bench.floors import build_isa, check_floors, cpu_report, floors_for_isa, format_gate
     from yolofast.bench.runner import Row, format_table
 
     ap = argparse.ArgumentParser(prog="benchmarks/gate.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--floors", default=str(FLOORS), help="floors file (default: benchmarks/floors.json)")
-    ap.add_argument("--rounds", type=int, default=0, help="timing rounds (default: floors.json's, else 7)")
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="--write-floors: measure this many times and keep each op's lowest speed-up")
+    ap.add_argument("--rounds", type=int, default=0,
+                    help=f"timing rounds (default: floors.json's, else {ROUNDS})")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="--write-floors: measure this many times and take each op's median speed-up")
+    ap.add_argument("--margin", type=float, default=MARGIN,
+                    help=f"--write-floors: floor = this x the lowest measured speed-up (default {MARGIN:g})")
     ap.add_argument("--json", metavar="PATH", help="also write the measured rows here")
     ap.add_argument("--write-floors", action="store_true",
-                    help=f"measure and rewrite the floors as {MARGIN * 100:.0f}%% of the measured speed-ups")
+                    help="measure and rewrite the floors of this build's ISA (YOLOFAST_CPU_ARCH)")
     ap.add_argument("--quiet", action="store_true", help="no progress line")
     a = ap.parse_args(argv)
 
@@ -104,60 +174,56 @@ def main(argv=None, measure_fn=measure, out=print) -> int:
         if not a.write_floors:
             out(f"gate: error: {e}")
             return 2
-        data = {"backend": "cpp", "rounds": 7, "margin": MARGIN, "floors": dict.fromkeys(DEFAULT_KEYS, 0.0)}
+        data = {"backend": "cpp", "rounds": ROUNDS, "isa": {}}
     except ValueError as e:
         out(f"gate: error: {e}")
         return 2
     backend = data.get("backend", "cpp")
-    rounds = a.rounds or int(data.get("rounds", 7))
-    floors = floor_values(data)
+    rounds = a.rounds or int(data.get("rounds", ROUNDS))
+    isa = build_isa()
+    if data.get("isa") or data.get("floors"):
+        floors, source = floors_for_isa(data, isa)
+    else:
+        floors, source = dict.fromkeys(DEFAULT_KEYS, 0.0), "new file"
+    if a.write_floors:
+        return _write_floors(a, data, list(floors), backend, rounds, measure_fn, out)
     allow_missing = os.environ.get("YOLOFAST_GATE_ALLOW_MISSING", "") == "1"
 
     t0 = time.perf_counter()
     rows = measure_fn(list(floors), backend=backend, rounds=rounds, progress=not a.quiet)
     secs = time.perf_counter() - t0
-    out(f"yolofast CPU gate: {backend} vs ref, 1 thread, {rounds} interleaved rounds, {secs:.0f} s")
+    out(f"yolofast CPU gate: {backend} vs ref, 1 thread, {rounds} interleaved rounds, {secs:.0f} s; "
+        f"{source}")
+    out(cpu_report())
     out(format_table([Row.from_dict(r) for r in rows]))
     out("")
     if a.json:
         Path(a.json).write_text(json.dumps({"rows": rows}, indent=1) + "\n", encoding="utf-8")
 
-    if a.write_floors:
-        lowest: dict[str, float] = {}
-        for i in range(max(a.repeat, 1)):
-            if i:
-                rows = measure_fn(list(floors), backend=backend, rounds=rounds, progress=not a.quiet)
-            ok, results = check_floors(rows, dict.fromkeys(floors, 0.0), backend, allow_missing=False)
-            if not ok:
-                out(format_gate(results))
-                out("gate: cannot write floors: a fused op did not run")
-                return 1
-            for r in results:
-                lowest[r.key] = min(lowest.get(r.key, r.speedup), r.speedup)
-            out(f"run {i + 1}: " + ", ".join(f"{r.key} {r.speedup:.2f}x" for r in results))
-        new = {k: {"floor": round(MARGIN * s, 2), "measured": round(s, 2)} for k, s in lowest.items()}
-        data["floors"] = new
-        data["measured_on"] = time.strftime("%Y-%m-%d")
-        Path(a.floors).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-        out(f"floors written to {a.floors}: " + ", ".join(f"{k} {v['floor']}x" for k, v in new.items()))
-        return 0
-
     ok, results = check_floors(rows, floors, backend, allow_missing=allow_missing)
-    slow = [r.key for r in results if r.verdict == "FAIL" and r.speedup is not None]
+    slow = [r.key for r in results if r.suspect]
     if slow:
-        # One load spike on a shared 2-core machine can halve a ratio (seen: bbox_loss 2.5x-5.5x between
-        # runs); a kernel that really lost its edge is under its floor on a second measurement too.
         out(format_gate(results))
         out("re-measuring " + ", ".join(slow) + " once before failing")
         again = measure_fn(slow, backend=backend, rounds=rounds, progress=not a.quiet)
         out(format_table([Row.from_dict(r) for r in again]))
-        ok2, retried = check_floors(again, {k: floors[k] for k in slow}, backend, allow_missing=allow_missing)
+        _, retried = check_floors(again, {k: floors[k] for k in slow}, backend, allow_missing=allow_missing)
+        first = {r.key: r for r in results}
+        for r in retried:
+            if r.verdict != "PASS":  # under its floor twice: a slower kernel, not one noisy run
+                r.verdict = "FAIL"
+                r.note = f"{r.note}; first run {first[r.key].speedup:.2f}x".lstrip("; ")
         by_key = {r.key: r for r in retried}
         results = [by_key.get(r.key, r) for r in results]
-        ok = all(r.verdict != "FAIL" for r in results)
+        ok = all(r.verdict in ("PASS", "SKIP") for r in results)
     out(format_gate(results))
-    out("gate: PASS" if ok else "gate: FAIL (a fused CPU op fell under its floor or did not run)")
-    return 0 if ok else 1
+    if ok:
+        out("gate: PASS")
+        return 0
+    out(f"gate: FAIL (a fused CPU op fell under its {isa} floor or did not run); {cpu_report()}")
+    out("floors are per ISA of the build; if this CPU kind is new to the gate, measure its floors with "
+        "`python benchmarks/gate.py --write-floors --repeat 3` (with the same YOLOFAST_CPU_ARCH)")
+    return 1
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@ import torch
 from yolofast.bench import bench_main
 from yolofast.bench.cases import Case, Variant, build_cases
 from yolofast.bench.cli import parse_bench_args
-from yolofast.bench.compare import check_floors, compare, compare_files, load_results
+from yolofast.bench.compare import compare, compare_files, load_results
+from yolofast.bench.floors import check_floors
 from yolofast.bench.inputs import ema_inputs, loss_inputs, step_inputs
 from yolofast.bench.presets import PRESETS, get_preset, presets_for
 from yolofast.bench.runner import (
@@ -233,31 +234,57 @@ def _run(path, rows):
     return str(path)
 
 
-def _row(preset, op, backend, ms, ref_ms=None, status="ok", baseline=False):
+def _row(preset, op, backend, ms, ref_ms=None, status="ok", baseline=False, rounds=0, spread=0.03):
+    """A row; with ``rounds``, per-round times (and paired ratios) scattered by +-``spread`` around it."""
     r = {"preset": preset, "op": op, "backend": backend, "status": status, "median_ms": ms,
          "baseline": baseline, "note": "" if status == "ok" else "not built"}
     if ref_ms is not None and ms is not None:
         r["ratio_vs_ref"] = ms / ref_ms
+    if rounds and ms is not None:
+        jitter = [1 + spread * ((7 * i) % rounds / (rounds - 1) * 2 - 1) for i in range(rounds)]
+        r["times_ms"] = [ms * j for j in jitter]
+        if ref_ms is not None and backend != "ref":
+            r["ratios"] = [ms / ref_ms * j for j in jitter]
     return r
 
 
 def test_compare_flags_a_ratio_regression(tmp_path, capsys):
-    old = _run(tmp_path / "old.json", [_row("p", "op", "ref", 100, 100), _row("p", "op", "cpp", 10, 100)])
+    old = _run(tmp_path / "old.json", [_row("p", "op", "ref", 100, 100, rounds=9),
+                                       _row("p", "op", "cpp", 10, 100, rounds=9)])
     # The new machine is 2x faster in absolute time, but the fused op lost ground against its reference.
-    worse = _run(tmp_path / "worse.json", [_row("p", "op", "ref", 50, 50), _row("p", "op", "cpp", 6, 50)])
-    same = _run(tmp_path / "same.json", [_row("p", "op", "ref", 50, 50), _row("p", "op", "cpp", 5.2, 50)])
+    worse = _run(tmp_path / "worse.json", [_row("p", "op", "ref", 50, 50, rounds=9),
+                                           _row("p", "op", "cpp", 6, 50, rounds=9)])
+    same = _run(tmp_path / "same.json", [_row("p", "op", "ref", 50, 50, rounds=9),
+                                         _row("p", "op", "cpp", 5.2, 50, rounds=9)])
     assert bench_main(["--compare", old, worse, "--threshold", "0.1"]) == 1
     text = capsys.readouterr().out
-    assert "REGRESSION" in text and "+20.0%" in text
+    assert "REGRESSION" in text and "+20.0%" in text and "95 % bootstrap interval" in text
     assert bench_main(["--compare", old, same, "--threshold", "0.1"]) == 0
+    # +20 % with rounds spread by +-3 %: the interval lies inside [+10 %, +30 %], so under a 25 %
+    # threshold it is neither a regression nor clear of one.
     assert bench_main(["--compare", old, worse, "--threshold", "0.25"]) == 0
+    assert "inconclusive" in capsys.readouterr().out
+    assert bench_main(["--compare", old, worse, "--threshold", "0.35"]) == 0
+
+
+def test_compare_of_files_without_rounds_says_it_cannot_tell(tmp_path):
+    # Files of an older yolofast kept only medians: a 20 % change is reported, never called a regression.
+    old = _run(tmp_path / "old.json", [_row("p", "op", "ref", 100, 100), _row("p", "op", "cpp", 10, 100)])
+    new = _run(tmp_path / "new.json", [_row("p", "op", "ref", 50, 50), _row("p", "op", "cpp", 6, 50)])
+    [_, c] = compare(load_results(old), load_results(new), 0.1)
+    assert c.verdict == "inconclusive" and "no per-round data" in c.note and c.low is None
+    assert c.change == pytest.approx(0.2)
+    printed = []
+    assert compare_files(old, new, 0.1, out=printed.append) == 0
+    assert "less reliable" in printed[-1]
 
 
 def test_compare_without_references_uses_absolute_times(tmp_path):
-    old = _run(tmp_path / "a.json", [_row("p", "op", "cpp", 10.0)])
-    new = _run(tmp_path / "b.json", [_row("p", "op", "cpp", 11.5)])
+    old = _run(tmp_path / "a.json", [_row("p", "op", "cpp", 10.0, rounds=9, spread=0.01)])
+    new = _run(tmp_path / "b.json", [_row("p", "op", "cpp", 11.5, rounds=9, spread=0.01)])
     [c] = compare(load_results(old), load_results(new), 0.1)
     assert (c.metric, c.verdict) == ("ms", "REGRESSION") and c.change == pytest.approx(0.15)
+    assert c.low > 0.1 and c.high < 0.2
     assert compare_files(old, new, 0.2, out=lambda *_: None) == 0
     data = json.loads(Path(new).read_text())
     Path(new).write_text(json.dumps({**data, "threads": 2}))
@@ -265,6 +292,32 @@ def test_compare_without_references_uses_absolute_times(tmp_path):
     printed = []
     compare_files(old, new, 0.2, out=printed.append)
     assert "warning: the runs differ in threads: 1 vs 2" in printed
+
+
+def test_compare_remeasures_a_suspect_once(tmp_path):
+    old = _run(tmp_path / "old.json", [_row("p", "op", "ref", 100, 100, rounds=9),
+                                       _row("p", "op", "cpp", 10, 100, rounds=9),
+                                       _row("q", "op", "ref", 100, 100, rounds=9),
+                                       _row("q", "op", "cpp", 10, 100, rounds=9)])
+    new = _run(tmp_path / "new.json", [_row("p", "op", "ref", 100, 100, rounds=9),
+                                       _row("p", "op", "cpp", 13, 100, rounds=9),
+                                       _row("q", "op", "ref", 100, 100, rounds=9),
+                                       _row("q", "op", "cpp", 10, 100, rounds=9)])
+    asked = []
+
+    def healthy_again(new_res, suspects):  # the second measurement finds the old speed
+        asked.append([(c.preset, c.op, c.backend) for c in suspects])
+        return [_row("p", "op", "ref", 100, 100, rounds=9), _row("p", "op", "cpp", 10.2, 100, rounds=9)]
+
+    printed = []
+    assert compare_files(old, new, 0.1, out=printed.append, remeasure=healthy_again) == 0
+    assert asked == [[("p", "op", "cpp")]]  # only the suspect, once
+    assert "re-measuring p/op/cpp once" in printed and "re-measured (first: REGRESSION +30.0%)" in printed[-1]
+
+    def slow_again(new_res, suspects):
+        return [_row("p", "op", "ref", 100, 100, rounds=9), _row("p", "op", "cpp", 12.8, 100, rounds=9)]
+
+    assert compare_files(old, new, 0.1, out=lambda *_: None, remeasure=slow_again) == 1
 
 
 def test_compare_lost_backend_and_reference_drift(tmp_path):
@@ -278,21 +331,29 @@ def test_compare_lost_backend_and_reference_drift(tmp_path):
 
 
 def test_compare_reads_pytest_benchmark_json(tmp_path):
-    def pb(ref_s, cpp_s):
+    def pb(ref_s, cpp_s, n=9):
+        spread = [1 + 0.02 * ((5 * i) % n - n // 2) / n for i in range(n)]
         return {"benchmarks": [
-            # benchmarks/conftest.py's `measure` records the variant in extra_info
+            # benchmarks/conftest.py's `measure` records the variant in extra_info; --benchmark-json
+            # keeps every round's time in stats.data
             {"group": "loss-b8", "name": "test_tal_assign[ref]", "params": {"impl": "ref"},
-             "extra_info": {"variant": "ref"}, "stats": {"median": ref_s}},
+             "extra_info": {"variant": "ref"},
+             "stats": {"median": ref_s, "data": [ref_s * j for j in spread]}},
             {"group": "loss-b8", "name": "test_tal_assign[cpp]", "params": {"impl": "cpp"},
-             "extra_info": {"variant": "cpp"}, "stats": {"median": cpp_s}},
+             "extra_info": {"variant": "cpp"},
+             "stats": {"median": cpp_s, "data": [cpp_s * j for j in spread]}},
         ]}
 
     (tmp_path / "a.json").write_text(json.dumps(pb(1.0, 0.1)))
     (tmp_path / "b.json").write_text(json.dumps(pb(1.0, 0.2)))
     res = load_results(tmp_path / "a.json")
     assert res["source"] == "pytest-benchmark" and {r["backend"] for r in res["rows"]} == {"ref", "cpp"}
+    cpp = next(r for r in res["rows"] if r["backend"] == "cpp")
+    assert len(cpp["times_ms"]) == 9 and cpp["paired"] is False  # separate tests: rounds do not pair
     assert compare_files(tmp_path / "a.json", tmp_path / "b.json", 0.1, out=lambda *_: None) == 1
     assert compare_files(tmp_path / "a.json", tmp_path / "a.json", 0.1, out=lambda *_: None) == 0
+    [_, c] = compare(load_results(tmp_path / "a.json"), load_results(tmp_path / "b.json"))
+    assert c.verdict == "REGRESSION" and c.low is not None and c.change == pytest.approx(1.0)
 
 
 # ------------------------------------------------------------------------------------------ CI gate
@@ -336,40 +397,89 @@ def gate_module():
     os.environ.update(env)  # the gate pins OMP_NUM_THREADS=1 for its own process
 
 
+def _jittered(speedups: dict, rounds: int = 9, spread: float = 0.03):
+    """_measured rows that also carry per-round ratios scattered by +-``spread``."""
+    rows = _measured(speedups)
+    for r in rows:
+        if r["backend"] != "ref" and r.get("speedup"):
+            r["ratios"] = [1 / r["speedup"] * (1 + spread * ((7 * i) % rounds / (rounds - 1) * 2 - 1))
+                           for i in range(rounds)]
+    return rows
+
+
 def test_gate_main_on_fabricated_timings(gate_module, tmp_path, monkeypatch):
+    monkeypatch.setenv("YOLOFAST_CPU_ARCH", "x86-64-v3")  # an AVX2 build: judged by the avx2 floors
     floors = tmp_path / "floors.json"
-    floors.write_text(json.dumps({"backend": "cpp", "rounds": 3, "floors": {
-        "loss-b8-640-50gt/tal_assign": {"floor": 20.0}, "ema-yolov8s/ema_update": {"floor": 0.5}}}))
+    floors.write_text(json.dumps({"backend": "cpp", "rounds": 3, "isa": {
+        "avx2": {"floors": {"loss-b8-640-50gt/tal_assign": {"floor": 20.0}, "ema-yolov8s/ema_update": 0.5}},
+        "avx512": {"floors": {"loss-b8-640-50gt/tal_assign": {"floor": 35.0},
+                              "ema-yolov8s/ema_update": 0.5}}}}))
     printed = []
 
     def fake(speedups, status=None):
         return lambda keys, **kw: _measured({k: speedups[k] for k in keys}, status)
 
-    good = {"loss-b8-640-50gt/tal_assign": 40.0, "ema-yolov8s/ema_update": 1.0}
+    good = {"loss-b8-640-50gt/tal_assign": 30.0, "ema-yolov8s/ema_update": 1.0}  # < the avx512 floor
     bad = {"loss-b8-640-50gt/tal_assign": 12.0, "ema-yolov8s/ema_update": 1.0}
     argv = ["--floors", str(floors), "--quiet"]
     assert gate_module.main(argv, measure_fn=fake(good), out=printed.append) == 0
     assert "gate: PASS" in printed[-1] and any("median ms" in p for p in printed)  # the table is printed
+    assert any("the avx2 floors" in p for p in printed)
     assert gate_module.main(argv, measure_fn=fake(bad), out=printed.append) == 1
-    assert "gate: FAIL" in printed[-1]
+    assert any("gate: FAIL" in p and "CPU:" in p and "-march=x86-64-v3" in p for p in printed[-3:])
     na = fake(good, status={"ema-yolov8s/ema_update": "n/a"})
     monkeypatch.delenv("YOLOFAST_GATE_ALLOW_MISSING", raising=False)
     assert gate_module.main(argv, measure_fn=na, out=printed.append) == 1
     monkeypatch.setenv("YOLOFAST_GATE_ALLOW_MISSING", "1")
     assert gate_module.main(argv, measure_fn=na, out=printed.append) == 0
-    # --write-floors keeps 60 % of the lowest measured speed-up
-    assert gate_module.main(argv + ["--write-floors"], measure_fn=fake(good), out=printed.append) == 0
-    written = json.loads(floors.read_text())["floors"]
-    assert written["loss-b8-640-50gt/tal_assign"] == {"floor": 24.0, "measured": 40.0}
+    # --write-floors sets this ISA's floors at 85 % of the lowest run and keeps the other ISA's
+    runs = iter([36.0, 40.0, 44.0])
+    vary = lambda keys, **kw: _measured({k: next(runs) if "tal" in k else 1.0 for k in keys})  # noqa: E731
+    assert gate_module.main(argv + ["--write-floors", "--repeat", "3"], measure_fn=vary,
+                            out=printed.append) == 0
+    written = json.loads(floors.read_text())["isa"]
+    assert written["avx2"]["floors"]["loss-b8-640-50gt/tal_assign"] == {
+        "floor": 30.6, "measured": 40.0, "runs": [36.0, 40.0, 44.0]}  # 0.85 x 36
+    assert written["avx2"]["arch"] == "x86-64-v3" and "YOLOFAST_CPU_ARCH=x86-64-v3" in written["avx2"]["how"]
+    assert written["avx512"]["floors"]["loss-b8-640-50gt/tal_assign"] == {"floor": 35.0}
+
+
+def test_gate_remeasures_and_fails_only_twice_under_the_floor(gate_module, tmp_path, monkeypatch):
+    monkeypatch.setenv("YOLOFAST_CPU_ARCH", "x86-64-v3")
+    floors = tmp_path / "floors.json"
+    floors.write_text(json.dumps({"isa": {"avx2": {"floors": {"a-b8/bbox_loss": 3.0,
+                                                              "c-b1/tal_assign": 20.0}}}}))
+    argv = ["--floors", str(floors), "--quiet"]
+    calls = []
+
+    def fake(sequence):
+        def measure(keys, **kw):
+            calls.append(list(keys))
+            return _jittered({k: sequence[len(calls) - 1][k] for k in keys})
+        return measure
+
+    printed = []
+    # a noisy first run of bbox_loss (2.8x < 3.0x) that is healthy again: PASS, and only it re-measured
+    seq = [{"a-b8/bbox_loss": 2.8, "c-b1/tal_assign": 30.0}, {"a-b8/bbox_loss": 3.4}]
+    assert gate_module.main(argv, measure_fn=fake(seq), out=printed.append) == 0
+    assert calls == [["a-b8/bbox_loss", "c-b1/tal_assign"], ["a-b8/bbox_loss"]]
+    # under its floor twice (a real 1.3x slowdown of a 3.4x op: 2.6x): FAIL, with both speed-ups named
+    calls.clear()
+    seq = [{"a-b8/bbox_loss": 2.6, "c-b1/tal_assign": 30.0}, {"a-b8/bbox_loss": 2.65}]
+    assert gate_module.main(argv, measure_fn=fake(seq), out=printed.append) == 1
+    table = printed[-3]
+    assert "first run 2.60x" in table and "2.65x < floor 3.00x" in table and "interval" in table
 
 
 def test_repository_floors_cover_every_fused_cpu_op(gate_module):
     data = gate_module.load_floors()
-    ops = {k.split("/")[1] for k in data["floors"]}
-    assert {"tal_assign", "bbox_loss", "ema_update"} <= ops
-    for k, v in gate_module.floor_values(data).items():
-        preset = get_preset(k.split("/")[0])
-        assert preset.device == "cpu" and k.split("/")[1] in preset.ops and v > 0, k
+    assert set(data["isa"]) == {"avx2", "avx512"}  # both CPU kinds CI runs on
+    for isa in ("avx2", "avx512"):
+        ops = {k.split("/")[1] for k in data["isa"][isa]["floors"]}
+        assert {"tal_assign", "bbox_loss", "ema_update"} <= ops, isa
+        for k, v in gate_module.floor_values(data, isa).items():
+            preset = get_preset(k.split("/")[0])
+            assert preset.device == "cpu" and k.split("/")[1] in preset.ops and v > 0, k
 
 
 def test_gate_is_runnable_as_a_script():

@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import math
+import os
 from collections.abc import Callable
 
 import torch
@@ -17,7 +19,7 @@ import torch
 from yolofast.bench import inputs as bench_inputs
 from yolofast.bench.presets import Preset, get_preset
 
-__all__ = ["BACKENDS", "Case", "Variant", "build_cases", "op_availability"]
+__all__ = ["BACKENDS", "SLOWDOWN_ENV", "Case", "Variant", "build_cases", "op_availability", "slowdowns"]
 
 # yolofast backends tried per device (the first is the reference every ratio is taken against).
 BACKENDS = {"cpu": ("ref", "cpp"), "cuda": ("ref", "cuda", "triton")}
@@ -82,11 +84,63 @@ def _under(name: str, fn: Callable[[], object]) -> Callable[[], object]:
     return run
 
 
+SLOWDOWN_ENV = "YOLOFAST_BENCH_SLOWDOWN"
+_SLOWABLE = (*_NEEDS, "train_step")
+
+
+def slowdowns(value: str | None = None) -> dict[str, float]:
+    """``YOLOFAST_BENCH_SLOWDOWN=op:factor[,op:factor]`` (test only) -> {op: factor}.
+
+    It exists to test the regression check itself: the fused (non-reference) variants of benchmark op
+    ``op`` run their call ``factor`` times per call, so a known slowdown can be planted and its verdict
+    measured (benchmarks/false_alarm_study.py). The reference is never slowed."""
+    value = os.environ.get(SLOWDOWN_ENV, "") if value is None else value
+    out = {}
+    for part in filter(None, (x.strip() for x in value.split(","))):
+        op, sep, factor = part.partition(":")
+        try:
+            f = float(factor) if sep else math.nan
+        except ValueError:
+            f = math.nan
+        if op not in _SLOWABLE or not f >= 1.0 or math.isinf(f):
+            raise ValueError(f"{SLOWDOWN_ENV}={value!r}: give op:factor with op one of "
+                             f"{', '.join(_SLOWABLE)} and factor >= 1, e.g. bbox_loss:1.3")
+        out[op] = f
+    return out
+
+
+def slowed(fn: Callable[[], object], factor: float) -> Callable[[], object]:
+    """``fn`` run ``factor`` times per call on average: floor(factor) times, plus one more on the calls
+    where the running sum of the fraction crosses an integer (1.3: 1, 1, 2, 1, 1, 2, 1, 2, ... -> 13
+    calls in every 10), so every window of calls, however short, is within one call of ``factor`` x."""
+    if factor == 1.0:
+        return fn
+    whole, frac = int(factor), factor - int(factor)
+    state = {"owed": 0.0}
+
+    def run():
+        state["owed"] += frac
+        extra = int(state["owed"] >= 1.0 - 1e-9)
+        state["owed"] -= extra
+        out = None
+        for _ in range(whole + extra):
+            out = fn()
+        return out
+
+    run.calls_per_call = factor  # what tests and the study read back
+    return run
+
+
 def _backend_variants(op: str, device: str, make_fn, backends) -> list[Variant]:
+    factor = slowdowns().get(op, 1.0)
     out = []
     for name in backends:
         ok, why = op_availability(op, name, torch.device(device).type)
-        out.append(Variant(name, _under(name, make_fn()) if ok else None, why))
+        fn = _under(name, make_fn()) if ok else None
+        if fn is not None and name != "ref" and factor != 1.0:
+            fn = slowed(fn, factor)
+            why = f"slowed {factor:g}x by {SLOWDOWN_ENV}"
+        out.append(Variant(name, fn, why))
     return out
 
 
@@ -194,8 +248,9 @@ def _step_case(p: Preset, device: str, seed: int) -> Case:
         return run
 
     auto = ", ".join(f"{op}={b}" for op, b, _ in describe(torch.device(device).type))
+    factor = slowdowns().get("train_step", 1.0)
     variants = [Variant("ref", _under("ref", make_step())),
-                Variant("auto", _under("auto", make_step()), auto)]
+                Variant("auto", slowed(_under("auto", make_step()), factor), auto)]
     return Case(p, "train_step", device, variants, items_per_call=p.batch,
                 what=f"{p.model} train step (forward, loss, backward, SGD, EMA), B={p.batch}, {p.imgsz} px")
 

@@ -6,6 +6,7 @@
     yolofast bench ops --device cuda                 # the GPU presets (issue 5 shapes)
     yolofast bench --list                            # the presets
     yolofast bench --compare old.json new.json --threshold 0.1   # exit 1 on a regression
+    yolofast bench --compare main.json branch.json --remeasure   # suspects measured again (this checkout)
 """
 
 from __future__ import annotations
@@ -38,10 +39,18 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
     ap.add_argument("--preset", action="append", default=[], metavar="NAME",
                     help="a preset name (repeat or comma-separate); default: every preset of the device")
+    ap.add_argument("--ops", default="",
+                    help="comma list: only these benchmark ops of the presets (tal_assign, bbox_loss, "
+                         "loss_step, ema_update, train_step); default all")
     ap.add_argument("--json", metavar="PATH", help="write the results (with versions, device, commit) here")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's default)")
-    ap.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds (median over them)")
+    # 1 thread and 15 rounds: on a busy 2-core machine 2 threads make the fused/ref ratio of one run move
+    # by up to ~25 % (the OpenMP team waits for a core the neighbour holds); the bootstrap interval of the
+    # comparison needs >= 5 rounds a side and narrows roughly as 1/sqrt(rounds).
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1; 0: torch's default)")
+    ap.add_argument("--rounds", type=int, default=15, help="interleaved timing rounds (median over them)")
     ap.add_argument("--warmup", type=int, default=1, help="warm-up calls per backend")
+    ap.add_argument("--min-round-seconds", type=float, default=0.05,
+                    help="a round calls each variant back to back for at least this long (default 0.05)")
     ap.add_argument("--max-case-seconds", type=float, default=60.0,
                     help="cap the rounds of a slow case at about this long (>= 3 rounds); 0: no cap")
     ap.add_argument("--seed", type=int, default=0, help="seed of the generated inputs")
@@ -52,7 +61,13 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--compare", nargs=2, metavar=("OLD", "NEW"),
                     help="compare two --json (or pytest-benchmark) files; exit 1 past --threshold")
     ap.add_argument("--threshold", type=float, default=0.1,
-                    help="regression threshold of --compare, a fraction (0.1: 10%% slower vs the ref)")
+                    help="regression threshold of --compare, a fraction (0.1: 10%% slower vs the ref); a "
+                         "regression needs the whole --confidence interval of the slowdown above it")
+    ap.add_argument("--confidence", type=float, default=0.95,
+                    help="--compare: confidence of the bootstrap interval (default 0.95, seeded)")
+    ap.add_argument("--remeasure", action="store_true",
+                    help="--compare: measure a suspect (regression or inconclusive) case once more with "
+                         "the code installed now, at the NEW file's threads/rounds/seed, and decide on that")
     ap.add_argument("--quiet", action="store_true", help="no progress line")
     return ap
 
@@ -129,6 +144,7 @@ def collect_meta(device: str, threads: int) -> dict:
         "platform": platform.platform(),
         "device": dev,
         "threads": threads,
+        "slowdown": os.environ.get("YOLOFAST_BENCH_SLOWDOWN") or None,  # test-only planted slowdown
     }
 
 
@@ -148,19 +164,27 @@ def run_bench(args: argparse.Namespace, out=print) -> dict:
     names = [n for p in args.preset for n in p.split(",") if n]
     presets = presets_for(args.what, torch.device(device).type, names)
     backends = [b for b in args.backends.split(",") if b] or None
-    pending = [(p, op) for p in presets for op in p.ops]
+    only = tuple(o for o in args.ops.split(",") if o)
+    pending = [(p, op) for p in presets for op in p.ops if not only or op in only]
+    if only and not pending:
+        raise ValueError(f"--ops {args.ops}: none of the chosen presets has these ops")
     progress = Progress(len(pending), enabled=not args.quiet)
     meta = collect_meta(device, threads)
     t0 = time.perf_counter()
     rows = []
     for p in presets:  # inputs built per preset and dropped after it: the dense scenes are large
-        cases = build_cases(p, device, args.seed, backends)
+        ops = tuple(op for op in p.ops if not only or op in only)
+        if not ops:
+            continue
+        cases = build_cases(p, device, args.seed, backends, ops=ops)
         rows += run_cases(cases, rounds=args.rounds, warmup=args.warmup, memory=not args.no_memory,
                           seed=args.seed, threads=threads, max_case_s=args.max_case_seconds or None,
+                          min_round_s=args.min_round_seconds,
                           progress=progress)
         del cases
     progress.done()
-    meta.update(what=args.what, rounds=args.rounds, seed=args.seed, presets=[p.name for p in presets],
+    meta.update(what=args.what, rounds=args.rounds, seed=args.seed, min_round_s=args.min_round_seconds,
+                presets=[p.name for p in presets],
                 seconds=round(time.perf_counter() - t0, 1))
     result = {**meta, "rows": [r.to_dict() for r in rows]}
     out(f"yolofast bench {args.what} on {meta['device']['name']} ({device}), {threads} thread(s), "
@@ -168,6 +192,36 @@ def run_bench(args: argparse.Namespace, out=print) -> dict:
         f"{' (dirty)' if meta['git_dirty'] else ''}")
     out(format_table(rows))
     return result
+
+
+def remeasure_rows(new: dict, suspects) -> list[dict]:
+    """Rows (dicts) of the suspects' fused backends and their references, measured again here with the
+    settings recorded in the NEW file (threads, rounds, seed, device)."""
+    import torch
+
+    from yolofast.bench.cases import build_cases
+    from yolofast.bench.runner import run_cases
+
+    meta = new["meta"]
+    if new["source"] != "yolofast":
+        raise ValueError("--remeasure needs a `yolofast bench --json` file as NEW (a pytest-benchmark file "
+                         "does not say how to rebuild its cases); re-run pytest instead")
+    device = "cuda" if (meta.get("device") or {}).get("type") == "cuda" else "cpu"
+    if meta.get("threads"):
+        torch.set_num_threads(int(meta["threads"]))
+    rows = []
+    by_case: dict[tuple[str, str], set] = {}
+    for c in suspects:
+        by_case.setdefault((c.preset, c.op), set()).add(c.backend)
+    for (preset, op), backends in by_case.items():
+        cases = build_cases(preset, device, int(meta.get("seed", 0)), backends=("ref", *sorted(backends)),
+                            ops=(op,))
+        for case in cases:
+            case.variants = [v for v in case.variants if v.name == "ref" or v.name in backends]
+        rows += [r.to_dict() for r in run_cases(cases, rounds=int(meta.get("rounds", 15)), memory=False,
+                                                seed=int(meta.get("seed", 0)),
+                                                min_round_s=float(meta.get("min_round_s", 0.05)))]
+    return rows
 
 
 def bench_main(argv: list[str]) -> int:
@@ -187,8 +241,10 @@ def bench_main(argv: list[str]) -> int:
         from yolofast.bench.compare import compare_files
 
         try:
-            return compare_files(args.compare[0], args.compare[1], args.threshold)
-        except (OSError, ValueError) as e:
+            return compare_files(args.compare[0], args.compare[1], args.threshold,
+                                 confidence=args.confidence,
+                                 remeasure=remeasure_rows if args.remeasure else None)
+        except (OSError, ValueError, KeyError) as e:
             print(f"yolofast bench: error: {e}", file=sys.stderr)
             return 2
     import torch

@@ -1,11 +1,12 @@
-"""Compare two benchmark runs (``yolofast bench --compare old.json new.json``); check CI ratio floors.
+"""Compare two benchmark runs (``yolofast bench --compare old.json new.json``).
 
 What is compared: for every fused row (a yolofast backend other than "ref"; baselines are context only)
 its time RATIO to the reference of the same file when both files have that reference, since two runs on
 these shared machines differ by up to 50 % in absolute time while the fused/ref ratio of one run is
-stable; absolute medians only when a file has no reference row. A change past ``threshold`` (0.1 = the
-fused op got 10 % slower relative to the reference) is a regression, and so is a fused backend that ran
-in the old file and is unavailable or failing in the new one.
+stable; absolute medians only when a file has no reference row. A change whose whole bootstrap interval
+(``stats.py``, seeded, from the rows' per-round ratios) lies past ``threshold`` (0.1 = the fused op got
+10 % slower relative to the reference) is a regression, and so is a fused backend that ran in the old
+file and is unavailable or failing in the new one. The CI gate's floors: ``floors.py``.
 
 Both ``yolofast bench --json`` files and ``pytest benchmarks --benchmark-json`` files are accepted (the
 latter matched by group, test name and its ``backend`` parameter).
@@ -15,17 +16,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
+import math
 from pathlib import Path
+
+from yolofast.bench import stats
+from yolofast.bench.stats import CONFIDENCE, Sample
 
 __all__ = [
     "Change",
-    "GateResult",
-    "check_floors",
+    "row_sample",
     "compare",
     "compare_files",
+    "decide_files",
     "format_compare",
-    "format_gate",
     "load_results",
 ]
 
@@ -34,7 +37,8 @@ __all__ = [
 def _from_pytest_benchmark(data: dict) -> list[dict]:
     """pytest-benchmark JSON -> rows: preset = group, op = test name without params, backend = the
     ``backend``/``impl``/``variant`` parameter or extra_info (benchmarks/conftest.py's ``measure`` records
-    ``extra_info["variant"]``), else the bracketed id; ratios against the "ref" row of the same group+op."""
+    ``extra_info["variant"]``), else the bracketed id; ratios against the "ref" row of the same group+op;
+    the per-round times when the file has them."""
     rows = []
     for b in data.get("benchmarks", []):
         params = b.get("params") or {}
@@ -50,6 +54,10 @@ def _from_pytest_benchmark(data: dict) -> list[dict]:
             "status": "ok",
             "baseline": bool(extra.get("baseline", False)),
             "median_ms": b["stats"]["median"] * 1e3,
+            # Per-round times (written with --benchmark-save-data; benchmarks/conftest.py turns it on).
+            # The tests of one group run one after the other, so their rounds do not pair up.
+            "times_ms": [t * 1e3 for t in b["stats"].get("data") or []],
+            "paired": False,
         })
     refs = {(r["preset"], r["op"]): r["median_ms"] for r in rows if r["backend"] == "ref"}
     for r in rows:
@@ -95,8 +103,16 @@ class Change:
     old: float | None
     new: float | None
     change: float | None  # new / old - 1 (> 0: slower)
-    verdict: str  # "ok", "REGRESSION", "improved", "lost", "new", "gone", "info"
+    verdict: str  # "ok", "REGRESSION", "inconclusive", "improved", "lost", "new", "gone", "info"
     note: str = ""
+    low: float | None = None  # the interval of ``change`` at ``confidence`` (None: none possible)
+    high: float | None = None
+    confidence: float = CONFIDENCE
+
+    @property
+    def suspect(self) -> bool:
+        """Worth measuring again: called a regression, or past the threshold without certainty."""
+        return self.verdict in ("REGRESSION", "inconclusive") and self.metric != ""
 
 
 def _index(rows: list[dict]) -> dict:
@@ -107,10 +123,31 @@ def _ok(r: dict | None) -> bool:
     return r is not None and r.get("status", "ok") == "ok" and r.get("median_ms") is not None
 
 
-def compare(old: dict, new: dict, threshold: float = 0.1) -> list[Change]:
-    """Changes per (preset, op, backend) from ``old`` to ``new`` (results of ``load_results``)."""
+def row_sample(row: dict, ref: dict | None) -> Sample:
+    """The evidence of one row: its per-round paired ratios (``ratios``, else from both rows' per-round
+    ``times_ms`` when they pair up), else the unpaired per-round times (pytest-benchmark's ``data``),
+    else only its summary ratio. ``ref`` None: absolute per-round times."""
+    if ref is None:
+        t = row.get("times_ms") or []
+        return Sample.paired(t) if t else Sample(summary=row["median_ms"])
+    if row.get("ratios"):
+        return Sample.paired(row["ratios"])
+    a, b = ref.get("times_ms") or [], row.get("times_ms") or []
+    if a and b and row.get("paired", True) and len(a) == len(b):
+        return Sample.paired([y / x for x, y in zip(a, b)])
+    if a and b:
+        return Sample.unpaired(a, b)
+    return Sample(summary=row["ratio_vs_ref"])
+
+
+def compare(old: dict, new: dict, threshold: float = 0.1, confidence: float = CONFIDENCE,
+            seed: int = stats.SEED) -> list[Change]:
+    """Changes per (preset, op, backend) from ``old`` to ``new`` (results of ``load_results``), each with
+    its bootstrap interval and the verdict of ``stats.verdict``."""
     if threshold < 0:
         raise ValueError(f"--threshold {threshold}: give a fraction >= 0, e.g. 0.1 for 10 %")
+    if not 0.5 <= confidence < 1:
+        raise ValueError(f"--confidence {confidence}: give a probability in [0.5, 1), e.g. 0.95")
     o, n = _index(old["rows"]), _index(new["rows"])
     out = []
     for key in list(o) + [k for k in n if k not in o]:
@@ -134,18 +171,14 @@ def compare(old: dict, new: dict, threshold: float = 0.1) -> list[Change]:
                      and ro.get("ratio_vs_ref") is not None and rn.get("ratio_vs_ref") is not None)
         metric = "ratio" if use_ratio else "ms"
         vo, vn = (ro["ratio_vs_ref"], rn["ratio_vs_ref"]) if use_ratio else (ro["median_ms"], rn["median_ms"])
-        change = vn / vo - 1 if vo else None
-        if is_ref or baseline:
-            verdict = "info"  # the reference / baselines only show how the machine moved
-        elif change is None:
-            verdict = "ok"
-        elif change > threshold:
-            verdict = "REGRESSION"
-        elif change < -threshold:
-            verdict = "improved"
-        else:
-            verdict = "ok"
-        out.append(Change(*key, metric, vo, vn, change, verdict))
+        if is_ref or baseline:  # the reference / baselines only show how the machine moved
+            out.append(Change(*key, metric, vo, vn, vn / vo - 1 if vo else None, "info"))
+            continue
+        so = row_sample(ro, ref_o if use_ratio else None)
+        sn = row_sample(rn, ref_n if use_ratio else None)
+        est = stats.shift(so, sn, confidence=confidence, seed=seed)
+        out.append(Change(*key, metric, math.exp(so.point()), math.exp(sn.point()), est.change,
+                          stats.verdict(est, threshold), est.why, est.low, est.high, confidence))
     return out
 
 
@@ -159,23 +192,35 @@ def _num(metric: str, v) -> str:
     return f"{v:.4g}" if metric == "ratio" else f"{v:.2f} ms"
 
 
+def _pct(v) -> str:
+    return "-" if v is None else f"{v * 100:+.1f}%"
+
+
 def format_compare(changes: list[Change], threshold: float = 0.1) -> str:
-    head = ("preset", "op", "backend", "metric", "old", "new", "change", "verdict")
+    head = ("preset", "op", "backend", "metric", "old", "new", "change", "interval", "verdict")
     cells = []
     for c in changes:
-        ch = "-" if c.change is None else f"{c.change * 100:+.1f}%"
+        iv = "-" if c.low is None else f"[{_pct(c.low)}, {_pct(c.high)}]"
         verdict = c.verdict + (f" ({c.note})" if c.note else "")
         metric = {"ratio": "fused/ref", "ms": "median"}.get(c.metric, "-")
-        cells.append((c.preset, c.op, c.backend, metric, _num(c.metric, c.old), _num(c.metric, c.new), ch,
-                      verdict))
+        cells.append((c.preset, c.op, c.backend, metric, _num(c.metric, c.old), _num(c.metric, c.new),
+                      _pct(c.change), iv, verdict))
     widths = [max([len(h)] + [len(x[i]) for x in cells]) for i, h in enumerate(head)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip()]
     lines += ["  ".join(x.ljust(w) for x, w in zip(row, widths)).rstrip() for row in cells]
+    conf = changes[0].confidence if changes else CONFIDENCE
+    lines.append(f"fused/ref: the median over rounds of the fused time / the same round's reference time "
+                 f"(lower is faster); interval: {conf * 100:g} % bootstrap interval of the change (seeded)")
+    lines.append(f"REGRESSION: the whole interval is slower than the threshold ({threshold * 100:g}%); "
+                 "inconclusive: the change is past it but the interval reaches below it")
     bad = regressions(changes)
-    lines.append(f"fused/ref: the fused time as a fraction of the same run's reference (lower is faster); "
-                 f"threshold {threshold * 100:.0f}%")
     names = ", ".join(f"{c.preset}/{c.op}/{c.backend}" for c in bad)
     lines.append(f"{len(bad)} regression(s)" + (f": {names}" if bad else ""))
+    unsure = [c for c in changes if c.verdict == "inconclusive"]
+    if unsure:
+        lines.append(f"{len(unsure)} inconclusive: "
+                     + ", ".join(f"{c.preset}/{c.op}/{c.backend}" for c in unsure)
+                     + " (re-run with more --rounds, or --compare ... --remeasure)")
     return "\n".join(lines)
 
 
@@ -195,72 +240,43 @@ def meta_differences(old: dict, new: dict) -> list[str]:
     return out
 
 
-def compare_files(old_path, new_path, threshold: float = 0.1, out=print) -> int:
-    """Print the comparison; 1 when a fused row regressed past ``threshold`` (or was lost), else 0."""
-    old, new = load_results(old_path), load_results(new_path)
-    changes = compare(old, new, threshold)
-    out(f"old: {old_path}\nnew: {new_path}")
-    for w in meta_differences(old["meta"], new["meta"]):
-        out(f"warning: {w}")
-    out(format_compare(changes, threshold))
+def compare_files(old_path, new_path, threshold: float = 0.1, out=print, confidence: float = CONFIDENCE,
+                  remeasure=None) -> int:
+    """Print the comparison; 1 when a fused row regressed past ``threshold`` (or was lost), else 0.
+
+    ``remeasure(new, suspects) -> rows``: measures the suspect (REGRESSION or inconclusive) rows again
+    with the code installed now; each suspect is then decided on the re-measurement (and its reference)
+    instead of the first one, once, as the CI gate does."""
+    changes = decide_files(old_path, new_path, threshold, out, confidence, remeasure)
     return 1 if regressions(changes) else 0
 
 
-# ------------------------------------------------------------------------------------------ CI floors
-@dataclasses.dataclass
-class GateResult:
-    key: str  # "preset/op"
-    backend: str
-    floor: float
-    speedup: float | None
-    verdict: str  # "PASS", "FAIL", "SKIP"
-    note: str = ""
-
-
-def _key(k: str) -> tuple[str, str]:
-    if not re.fullmatch(r"[^/]+/[^/]+", k):
-        raise ValueError(f"floors.json key {k!r} is not 'preset/op' (e.g. 'loss-b8-640-50gt/tal_assign')")
-    preset, op = k.split("/")
-    return preset, op
-
-
-def check_floors(rows: list[dict], floors: dict, backend: str = "cpp",
-                 allow_missing: bool = False) -> tuple[bool, list[GateResult]]:
-    """Every "preset/op" of ``floors`` ({key: floor speed-up}) against measured ``rows`` (dicts).
-
-    FAIL: the speed-up (the row's paired median, else ref median / fused median) under its floor, a fused
-    row that errored, a reference that did not run, or no row at all; a fused backend that is unavailable
-    FAILS too unless ``allow_missing`` (then SKIP). Returns (all passed, results).
-    """
-    idx = _index(rows)
-    results = []
-    for k, floor in floors.items():
-        preset, op = _key(k)
-        floor = float(floor)
-        ref, fused = idx.get((preset, op, "ref")), idx.get((preset, op, backend))
-        if fused is None:
-            results.append(GateResult(k, backend, floor, None, "FAIL", "not measured"))
-        elif fused.get("status") == "n/a":
-            results.append(GateResult(k, backend, floor, None, "SKIP" if allow_missing else "FAIL",
-                                      f"{backend} unavailable: {fused.get('note', '')}"
-                                      + ("" if allow_missing else " (YOLOFAST_GATE_ALLOW_MISSING=1 skips)")))
-        elif not _ok(fused):
-            note = f"{backend} failed: {fused.get('note')}"
-            results.append(GateResult(k, backend, floor, None, "FAIL", note))
-        elif not _ok(ref):
-            results.append(GateResult(k, backend, floor, None, "FAIL", "the reference did not run"))
-        else:
-            s = fused.get("speedup") or ref["median_ms"] / fused["median_ms"]
-            results.append(GateResult(k, backend, floor, s, "PASS" if s >= floor else "FAIL",
-                                      "" if s >= floor else f"speed-up {s:.2f}x < floor {floor:.2f}x"))
-    return all(r.verdict != "FAIL" for r in results), results
-
-
-def format_gate(results: list[GateResult]) -> str:
-    head = ("preset/op", "backend", "speed-up", "floor", "verdict")
-    cells = [(r.key, r.backend, "-" if r.speedup is None else f"{r.speedup:.2f}x", f"{r.floor:.2f}x",
-              r.verdict + (f" ({r.note})" if r.note else "")) for r in results]
-    widths = [max([len(h)] + [len(x[i]) for x in cells]) for i, h in enumerate(head)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip()]
-    lines += ["  ".join(x.ljust(w) for x, w in zip(c, widths)).rstrip() for c in cells]
-    return "\n".join(lines)
+def decide_files(old_path, new_path, threshold: float = 0.1, out=print, confidence: float = CONFIDENCE,
+                 remeasure=None) -> list[Change]:
+    """``compare_files``' work: prints the table and returns the changes."""
+    old, new = load_results(old_path), load_results(new_path)
+    changes = compare(old, new, threshold, confidence)
+    out(f"old: {old_path}\nnew: {new_path}")
+    for w in meta_differences(old["meta"], new["meta"]):
+        out(f"warning: {w}")
+    sus = [c for c in changes if c.suspect]
+    if remeasure is not None and sus:
+        out(format_compare(changes, threshold))
+        out("re-measuring " + ", ".join(f"{c.preset}/{c.op}/{c.backend}" for c in sus) + " once")
+        again = _index(remeasure(new, sus))
+        rows = _index(new["rows"])
+        for c in sus:
+            for b in (c.backend, "ref"):
+                k = (c.preset, c.op, b)
+                if k in again:
+                    rows[k] = again[k]
+        redo = {(c.preset, c.op, c.backend): c
+                for c in compare(old, {**new, "rows": list(rows.values())}, threshold, confidence)}
+        for i, c in enumerate(changes):
+            if c in sus:
+                r = redo[(c.preset, c.op, c.backend)]
+                first = f"re-measured (first: {c.verdict} {_pct(c.change)})"
+                r.note = "; ".join(filter(None, [r.note, first]))
+                changes[i] = r
+    out(format_compare(changes, threshold))
+    return changes

@@ -53,6 +53,7 @@ class Row:
     calls_per_round: int = 0
     speedup: float | None = None  # median over rounds of ref time / this time in the same round
     ratio_vs_ref: float | None = None  # 1 / speedup: fused/ref time (< 1 is faster)
+    ratios: list = dataclasses.field(default_factory=list)  # per round: this time / the ref's (paired)
     peak_mb: float | None = None
     mem_saving: float | None = None  # the reference's peak / this peak (> 1: uses less)
     images_per_s: float | None = None
@@ -191,6 +192,9 @@ def fill_ratios(rows: list[Row]) -> None:
         s = paired_speedup(ref.times_ms, r.times_ms)
         if s:
             r.speedup, r.ratio_vs_ref = s, 1 / s
+        # Every round's ratio, kept so --compare and the gate can tell a shift from the rounds' spread.
+        if r is not ref and len(ref.times_ms) == len(r.times_ms) and all(ref.times_ms):
+            r.ratios = [round(b / a, 6) for a, b in zip(ref.times_ms, r.times_ms)]
         # Under 1 MB (in-place ops, page granularity) the ratio of two peaks is noise, not a saving.
         if r.peak_mb is not None and ref.peak_mb is not None and ref.peak_mb >= 1.0:
             r.mem_saving = ref.peak_mb / max(r.peak_mb, 0.1)
