@@ -53,8 +53,8 @@ def maps_setup_context(ctx, inputs, output) -> None:
 def maps_backward(ctx, g_losses, *_unused):
     inv_s, *saved = ctx.saved_tensors
     n, r4 = ctx.levels, 4 * ctx.reg_max
-    if g_losses is None or not ctx.needs_input_grad[0]:
-        return None, None, None, None, None, None
+    if g_losses is None:  # a Tensor[] input takes a list of (undefined) grads, not one None
+        return [None] * n, None, None, None, None, None
     c = g_losses.to(inv_s.dtype) * inv_s  # (3,): the incoming grads over S
     grads = []
     for gm, gd, dt in zip(saved[:n], saved[n:], ctx.dtypes):
