@@ -102,7 +102,7 @@ void box_dfl_group(const LossLevel<T>& L, const LossTargets<T>& tg, int64_t b, c
     for (int j = 1; j < R; ++j) mx = at::vec::maximum(mx, V::loadu(zk + j * W));
     V sum(T(0));
     for (int j = 0; j < R; ++j) {
-      const V e = (V::loadu(zk + j * W) - mx).exp();
+      const V e = (V::loadu(zk + j * W) - mx).exp_u20();
       e.store(pk + j * W);
       sum = sum + e;
     }
@@ -346,6 +346,13 @@ void loss_block(const LossLevel<T>& L, const LossTargets<T>& tg, int64_t b, int6
   zero_rows<T>(L.gbox, b, 4 * tg.R, i0, i1);
   zero_rows<T>(L.gdfl, b, 4 * tg.R, i0, i1);
   const bool* fg = tg.fg + b * tg.A + L.a0;
+  // In a map the 4R logits of one anchor lie 4R rows apart: ask for the block's DFL rows in one sweep
+  // first, so the per-anchor gathers below hit cache instead of waiting on ~4R misses each.
+  if (L.dist.sa == 1 && std::any_of(fg + i0, fg + i1, [](bool f) { return f; })) {
+    constexpr int64_t kLine = 64 / sizeof(T);
+    for (int64_t c = 0; c < 4 * tg.R; ++c)
+      for (int64_t i = i0; i < i1; i += kLine) __builtin_prefetch(L.dist.at(b, c, i));
+  }
   int64_t idx[W];
   T w[W];
   int n = 0;

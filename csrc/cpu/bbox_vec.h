@@ -61,7 +61,7 @@ inline Vec<T> log1p_unit(const Vec<T>& e) {
 template <typename T>
 inline void softplus_sigmoid(const Vec<T>& x, Vec<T>& sp, Vec<T>& sig) {
   const Vec<T> zero(T(0)), one(T(1));
-  const Vec<T> e = x.abs().neg().exp();
+  const Vec<T> e = x.abs().neg().exp_u20();
   sp = at::vec::maximum(x, zero) + log1p_unit<T>(e);
   sig = Vec<T>::blendv(e, one, x >= zero) / (one + e);
 }

@@ -34,29 +34,40 @@ void decode_block(const T* map, int64_t sb, int64_t sc, int64_t Wd, int64_t i0, 
                   T stride, T* scores_out, T* boxes_out) {
   using V = Vec<T>;
   constexpr int W = V::size();
-  static_assert(kDecodeBlock % 16 == 0, "a block is whole vectors");
+  // Each channel row is streamed across the whole block before the next one (max, then exp sums, then
+  // the sigmoid rows): one read stream at a time. Walking all 4R + C = 144 rows per vector instead was
+  // ~5x slower than a plain sigmoid: more concurrent streams than the hardware prefetchers follow.
+  alignas(64) T mx[kDecodeBlock], sum[kDecodeBlock], ex[kDecodeBlock], ltrb[4][kDecodeBlock];
   std::vector<T> tile(static_cast<size_t>(C * kDecodeBlock));
-  alignas(64) T ltrb[4][kDecodeBlock];
   const int64_t n = i1 - i0;
-  for (int64_t i = 0; i < n; i += W) {
-    const int cnt = static_cast<int>(std::min<int64_t>(W, n - i));
-    for (int k = 0; k < 4; ++k) {
-      const T* zk = map + sb + k * R * sc + i0 + i;
-      V mx = V::loadu(zk, cnt);
-      for (int j = 1; j < R; ++j) mx = at::vec::maximum(mx, V::loadu(zk + j * sc, cnt));
-      V sum(T(0)), ex(T(0));
-      for (int j = 0; j < R; ++j) {
-        const V e = (V::loadu(zk + j * sc, cnt) - mx).exp();
-        sum = sum + e;
-        ex = at::vec::fmadd(e, V(T(j)), ex);
-      }
-      (ex / sum).store(ltrb[k] + i, cnt);
-    }
-    const V one(T(1));
-    for (int64_t c = 0; c < C; ++c) {
-      const V x = V::loadu(map + sb + (4 * R + c) * sc + i0 + i, cnt);
-      (one / (one + x.neg().exp())).store(tile.data() + c * kDecodeBlock + i, cnt);
-    }
+  const T* base = map + sb + i0;
+  auto rows = [&](auto&& body) {  // body(i, cnt) over the block's vectors
+    for (int64_t i = 0; i < n; i += W) body(i, static_cast<int>(std::min<int64_t>(W, n - i)));
+  };
+  for (int k = 0; k < 4; ++k) {
+    const T* zk = base + k * R * sc;
+    rows([&](int64_t i, int cnt) { V::loadu(zk + i, cnt).store(mx + i, cnt); });
+    for (int j = 1; j < R; ++j)
+      rows([&](int64_t i, int cnt) {
+        at::vec::maximum(V::loadu(mx + i, cnt), V::loadu(zk + j * sc + i, cnt)).store(mx + i, cnt);
+      });
+    rows([&](int64_t i, int cnt) {
+      V(T(0)).store(sum + i, cnt);
+      V(T(0)).store(ex + i, cnt);
+    });
+    for (int j = 0; j < R; ++j)
+      rows([&](int64_t i, int cnt) {
+        const V e = (V::loadu(zk + j * sc + i, cnt) - V::loadu(mx + i, cnt)).exp_u20();
+        (V::loadu(sum + i, cnt) + e).store(sum + i, cnt);
+        at::vec::fmadd(e, V(T(j)), V::loadu(ex + i, cnt)).store(ex + i, cnt);
+      });
+    rows([&](int64_t i, int cnt) { (V::loadu(ex + i, cnt) / V::loadu(sum + i, cnt)).store(ltrb[k] + i, cnt); });
+  }
+  const V one(T(1));
+  for (int64_t c = 0; c < C; ++c) {
+    const T* x = base + (4 * R + c) * sc;
+    T* tc = tile.data() + c * kDecodeBlock;
+    rows([&](int64_t i, int cnt) { (one / (one + V::loadu(x + i, cnt).neg().exp_u20())).store(tc + i, cnt); });
   }
   for (int64_t i = 0; i < n; ++i) {
     const int64_t p = i0 + i;
