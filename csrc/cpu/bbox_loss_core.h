@@ -234,12 +234,25 @@ void zero_rows(const Strided<T>& g, int64_t b, int64_t nch, int64_t i0, int64_t 
   }
 }
 
+// sum_c t[c] of one anchor's target row (its weight w in the box and DFL terms).
+template <typename T>
+inline T row_sum(const T* t, int64_t C) {
+  using V = Vec<T>;
+  constexpr int W = V::size();
+  V s(T(0));
+  int64_t c = 0;
+  for (; c + W <= C; c += W) s = s + V::loadu(t + c);
+  if (c < C) s = s + V::loadu(t + c, static_cast<int>(C - c));  // the other lanes load as 0
+  return reduce_add<T>(s);
+}
+
 // Class loss of anchors [i0, i1) of image b when the class logits run along the anchors (a head map):
-// sum sp(x) row by row (one class per row, vectorised along the anchors), then sum t and subtract x*t
-// where t != 0 (the assigner's targets are non-zero on the few foreground anchors only).
+// sum sp(x) row by row (one class per row, vectorised along the anchors), then one sweep over the block's
+// targets (contiguous (i1 - i0) * C values) sums t and, for the lanes where t != 0 (the assigner's targets
+// are non-zero on the few foreground anchors only), subtracts x*t from the loss and t from the gradient.
 template <typename T>
 void bce_anchor_rows(const LossLevel<T>& L, const LossTargets<T>& tg, int64_t b, int64_t i0, int64_t i1,
-                     T* wts, double& loss, double& tsum) {
+                     double& loss, double& tsum) {
   using V = Vec<T>;
   constexpr int W = V::size();
   const int64_t C = tg.C;
@@ -263,49 +276,42 @@ void bce_anchor_rows(const LossLevel<T>& L, const LossTargets<T>& tg, int64_t b,
     }
     loss += double(reduce_add<T>(acc));
   }
-  for (int64_t i = i0; i < i1; ++i) {
-    const T* t = tg.ts + (b * tg.A + L.a0 + i) * C;
-    V s(T(0)), nz(T(0));
-    int64_t c = 0;
-    for (; c + W <= C; c += W) {
-      const V tv = V::loadu(t + c);
-      s = s + tv;
-      nz = at::vec::maximum(nz, tv.abs());
+  const T* t = tg.ts + (b * tg.A + L.a0 + i0) * C;
+  const int64_t n = (i1 - i0) * C;
+  V s(T(0));
+  double xt = 0;
+  alignas(64) T tl[W];
+  for (int64_t k = 0; k < n; k += W) {
+    const int cnt = static_cast<int>(std::min<int64_t>(W, n - k));
+    const V tv = V::loadu(t + k, cnt);
+    s = s + tv;
+    if (V::set(V(T(0)), tv, cnt).zero_mask() == (1 << W) - 1) continue;  // all lanes 0: background
+    tv.store(tl, cnt);
+    for (int l = 0; l < cnt; ++l) {
+      if (tl[l] == T(0)) continue;
+      const int64_t i = i0 + (k + l) / C, c = (k + l) % C;
+      xt += double(*L.score.at(b, c, i) * tl[l]);
+      *L.gcls.at(b, c, i) -= tl[l];
     }
-    if (c < C) {
-      const V tv = V::loadu(t + c, static_cast<int>(C - c));  // the rest of the lanes load as 0
-      s = s + tv;
-      nz = at::vec::maximum(nz, tv.abs());
-    }
-    const T w = reduce_add<T>(s);
-    wts[i - i0] = w;
-    tsum += double(w);
-    const T any = at::vec::vec_reduce_all<T>([](V& a, V& b2) { return at::vec::maximum(a, b2); }, nz);
-    if (!(any > T(0))) continue;
-    double xt = 0;
-    for (c = 0; c < C; ++c) {
-      const T tc = t[c];
-      if (tc == T(0)) continue;
-      xt += double(*L.score.at(b, c, i) * tc);
-      *L.gcls.at(b, c, i) -= tc;
-    }
-    loss -= xt;
   }
+  tsum += double(reduce_add<T>(s));
+  loss -= xt;
 }
 
 // Class loss of anchors [i0, i1) of image b when the class logits run along the classes ((B, A, C)):
-// the whole BCE l = sp(x) - x*t and g = sigmoid(x) - t, vectorised along the classes.
+// the whole BCE l = sp(x) - x*t and g = sigmoid(x) - t, vectorised along the classes; the lane sums run
+// over the whole block and are reduced once at its end.
 template <typename T>
 void bce_class_rows(const LossLevel<T>& L, const LossTargets<T>& tg, int64_t b, int64_t i0, int64_t i1,
-                    T* wts, double& loss, double& tsum) {
+                    double& loss, double& tsum) {
   using V = Vec<T>;
   constexpr int W = V::size();
   const int64_t C = tg.C;
+  V acc(T(0)), s(T(0));
   for (int64_t i = i0; i < i1; ++i) {
     const T* x = L.score.at(b, 0, i);
     T* g = L.gcls.at(b, 0, i);
     const T* t = tg.ts + (b * tg.A + L.a0 + i) * C;
-    V acc(T(0)), s(T(0));
     int64_t c = 0;
     for (; c + W <= C; c += W) {
       const V xv = V::loadu(x + c), tv = V::loadu(t + c);
@@ -324,11 +330,9 @@ void bce_class_rows(const LossLevel<T>& L, const LossTargets<T>& tg, int64_t b, 
       acc = acc + V::set(V(T(0)), sp - xv * tv, cnt);
       s = s + tv;
     }
-    loss += double(reduce_add<T>(acc));
-    const T w = reduce_add<T>(s);
-    wts[i - i0] = w;
-    tsum += double(w);
   }
+  loss += double(reduce_add<T>(acc));
+  tsum += double(reduce_add<T>(s));
 }
 
 // All the work of anchors [i0, i1) of level L in image b: out = {S*L_box, S*L_cls, S*L_dfl, sum t}.
@@ -336,13 +340,11 @@ template <typename T>
 void loss_block(const LossLevel<T>& L, const LossTargets<T>& tg, int64_t b, int64_t i0, int64_t i1,
                 double out[4]) {
   constexpr int W = Vec<T>::size();
-  constexpr int64_t kMaxBlock = 512;
-  T wts[kMaxBlock];
   double lbox = 0, lcls = 0, ldfl = 0, tsum = 0;
   if (L.score.sa == 1)
-    bce_anchor_rows<T>(L, tg, b, i0, i1, wts, lcls, tsum);
+    bce_anchor_rows<T>(L, tg, b, i0, i1, lcls, tsum);
   else
-    bce_class_rows<T>(L, tg, b, i0, i1, wts, lcls, tsum);
+    bce_class_rows<T>(L, tg, b, i0, i1, lcls, tsum);
   zero_rows<T>(L.gbox, b, 4 * tg.R, i0, i1);
   zero_rows<T>(L.gdfl, b, 4 * tg.R, i0, i1);
   const bool* fg = tg.fg + b * tg.A + L.a0;
@@ -358,7 +360,7 @@ void loss_block(const LossLevel<T>& L, const LossTargets<T>& tg, int64_t b, int6
   int n = 0;
   for (int64_t i = i0; i < i1; ++i) {
     if (!fg[i]) continue;
-    idx[n] = i, w[n] = wts[i - i0], ++n;
+    idx[n] = i, w[n] = row_sum<T>(tg.ts + (b * tg.A + L.a0 + i) * tg.C, tg.C), ++n;
     if (n == W) box_dfl_group<T>(L, tg, b, idx, w, n, lbox, ldfl), n = 0;
   }
   if (n > 0) box_dfl_group<T>(L, tg, b, idx, w, n, lbox, ldfl);
