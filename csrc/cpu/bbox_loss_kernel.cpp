@@ -19,6 +19,9 @@
 // (double) to its own slot and the slots are added in block order afterwards, so the result does not
 // depend on the number of threads or on scheduling. The math lives in bbox_loss_core.h.
 
+// First: it sets at::vec's CPU_CAPABILITY macros, which must precede any ATen header that pulls in vec.h.
+#include "bbox_loss_core.h"
+
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -29,7 +32,6 @@
 #include <tuple>
 #include <vector>
 
-#include "bbox_loss_core.h"
 #include "cpu_common.h"
 #include "op_checks.h"
 

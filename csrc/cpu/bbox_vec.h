@@ -29,6 +29,11 @@
 #include <cstdint>
 #include <type_traits>
 
+#if defined(CPU_CAPABILITY_AVX512)
+// Fails when vec.h was included before this header without the macros (the generic 8-lane fallback).
+static_assert(at::vec::Vectorized<float>::size() == 16, "include bbox_vec.h before any ATen header");
+#endif
+
 namespace yolofast {
 
 template <typename T>

@@ -8,6 +8,9 @@
 // This replaces cat + transpose of the maps, a softmax, a matmul and a sigmoid over (B, A, .) tensors by
 // one pass over the maps; vectorised along the pixels (contiguous in a map), one pixel per lane.
 
+// First: it sets at::vec's CPU_CAPABILITY macros, which must precede any ATen header that pulls in vec.h.
+#include "bbox_loss_core.h"
+
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -18,7 +21,6 @@
 #include <tuple>
 #include <vector>
 
-#include "bbox_loss_core.h"
 #include "cpu_common.h"
 #include "op_checks.h"
 
