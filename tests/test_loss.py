@@ -167,3 +167,32 @@ def test_cached_anchors_follow_the_feature_size():
     torch.testing.assert_close(items, f_items, rtol=0, atol=0)
     for f, g in zip(feats, fresh):
         torch.testing.assert_close(f.grad, g.grad, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("case", ["gt", "no_gt", "odd_maps", "bf16"])
+def test_kernel_path_equals_reference_path(op_backend, case):
+    """The default path (maps read in place on the CPU) gives the reference path's loss and map gradients."""
+    if op_backend == "ref":
+        pytest.skip("compares the automatic backend with the reference")
+    h, w = (72, 40) if case == "odd_maps" else (64, 64)  # odd: 9x5, 4x2, 2x1 cells, rows not whole vectors
+    feats = make_feats(2, h, w, requires_grad=False)
+    if case == "bf16":
+        feats = [f.to(torch.bfloat16) for f in feats]
+    batch = make_batch(2)
+    if case == "no_gt":
+        batch = {k: v[:, :0] for k, v in batch.items()}
+    crit = DetectionLoss(NC)
+    out = []
+    for name in ("auto", "ref"):
+        fs = [f.detach().clone().requires_grad_() for f in feats]
+        with backend(name):
+            total, items = crit(fs, batch)
+        total.backward()
+        out.append((total.detach(), items, [f.grad for f in fs]))
+    (t1, i1, g1), (t2, i2, g2) = out
+    torch.testing.assert_close(t1, t2, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(i1, i2, rtol=1e-5, atol=1e-6)
+    for a, b in zip(g1, g2):
+        assert a.dtype == b.dtype == feats[0].dtype and a.shape == b.shape
+        tol = 2e-2 if case == "bf16" else 1e-5
+        torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol * float(b.abs().max()) + 1e-12)

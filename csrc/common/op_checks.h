@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 namespace yolofast_checks {
 
@@ -104,6 +105,71 @@ inline BboxLossInputs bbox_loss_inputs(const at::Tensor& pred_dist, const at::Te
           target_bboxes.to(ct).contiguous(),
           target_scores.to(ct).contiguous(),
           fg_mask.to(at::kBool).contiguous()};
+}
+
+// bbox_loss_maps' inputs (the Detect head's maps read in place): every map (B, 4*reg_max + C, H, W) of one
+// floating dtype family, in the compute type (float64 if any map is float64, else float32), with its pixels
+// on one axis of stride 1 (a map that is not is copied once: channels_last or a crop); targets as
+// bbox_loss_inputs with A = sum H*W.
+struct BboxLossMapsInputs {
+  bool f64;
+  int64_t B, no, A, C;
+  std::vector<at::Tensor> maps;
+  at::Tensor anc, tb, ts, fg;
+};
+
+inline std::vector<at::Tensor> head_maps(at::TensorList feats, int64_t reg_max, int64_t max_reg_max,
+                                         const char* op, bool& f64) {
+  TORCH_CHECK(!feats.empty(), op, ": feats must hold at least one (B, 4*reg_max + C, H, W) map");
+  TORCH_CHECK(reg_max >= 2 && reg_max <= max_reg_max, op, ": reg_max must be in [2, ", max_reg_max, "], got ",
+              reg_max);
+  const int64_t B = feats[0].size(0), no = feats[0].dim() == 4 ? feats[0].size(1) : -1;
+  f64 = false;
+  for (size_t i = 0; i < feats.size(); ++i) {
+    const auto& f = feats[i];
+    TORCH_CHECK(f.dim() == 4 && f.size(0) == B && f.size(1) == no, op, ": feats[", i,
+                "] must be (B, 4*reg_max + C, H, W) like feats[0] ", feats[0].sizes(), ", got ", f.sizes());
+    TORCH_CHECK(f.is_floating_point(), op, ": feats[", i, "] must be floating point, got ", f.scalar_type());
+    f64 = f64 || f.scalar_type() == at::kDouble;
+  }
+  TORCH_CHECK(no > 4 * reg_max, op, ": maps have ", no, " channels, need 4*reg_max + nc with nc >= 1 (reg_max ",
+              reg_max, ")");
+  std::vector<at::Tensor> maps;
+  for (const auto& f : feats) {
+    auto m = f.to(f64 ? at::kDouble : at::kFloat);
+    if (m.stride(3) != 1 || m.stride(2) != m.size(3)) m = m.contiguous();
+    maps.push_back(m);
+  }
+  return maps;
+}
+
+inline BboxLossMapsInputs bbox_loss_maps_inputs(at::TensorList feats, const at::Tensor& anchor_points,
+                                                const at::Tensor& target_bboxes, const at::Tensor& target_scores,
+                                                const at::Tensor& fg_mask, int64_t reg_max, int64_t max_reg_max) {
+  BboxLossMapsInputs in;
+  in.maps = head_maps(feats, reg_max, max_reg_max, "yolofast::bbox_loss_maps", in.f64);
+  in.B = feats[0].size(0), in.no = feats[0].size(1), in.C = in.no - 4 * reg_max, in.A = 0;
+  for (const auto& m : in.maps) in.A += m.size(2) * m.size(3);
+  const int64_t B = in.B, A = in.A, C = in.C;
+  TORCH_CHECK(anchor_points.dim() == 2 && anchor_points.size(0) == A && anchor_points.size(1) == 2,
+              "yolofast::bbox_loss_maps: anchor_points must be (A, 2) with A = sum H*W = ", A, ", got ",
+              anchor_points.sizes());
+  TORCH_CHECK(target_bboxes.dim() == 3 && target_bboxes.size(0) == B && target_bboxes.size(1) == A &&
+                  target_bboxes.size(2) == 4,
+              "yolofast::bbox_loss_maps: target_bboxes must be (B, A, 4) = (", B, ", ", A, ", 4), got ",
+              target_bboxes.sizes());
+  TORCH_CHECK(target_scores.dim() == 3 && target_scores.size(0) == B && target_scores.size(1) == A &&
+                  target_scores.size(2) == C,
+              "yolofast::bbox_loss_maps: target_scores must be (B, A, nc) = (", B, ", ", A, ", ", C, "), got ",
+              target_scores.sizes());
+  TORCH_CHECK(fg_mask.dim() == 2 && fg_mask.size(0) == B && fg_mask.size(1) == A,
+              "yolofast::bbox_loss_maps: fg_mask must be (B, A) = (", B, ", ", A, "), got ", fg_mask.sizes());
+  const auto ct = in.f64 ? at::kDouble : at::kFloat;
+  in.anc = anchor_points.to(ct).contiguous();
+  in.tb = target_bboxes.to(ct).contiguous();
+  in.ts = target_scores.to(ct).contiguous();
+  in.fg = fg_mask.to(at::kBool).contiguous();
+  return in;
 }
 
 }  // namespace yolofast_checks

@@ -6,15 +6,18 @@ function); import a module explicitly with ``from yolofast.ops import reference`
 
 from yolofast.ops import reference
 from yolofast.ops._backend import BackendUnavailable, backend, select_backend
-from yolofast.ops.bbox_loss import bbox_loss
+from yolofast.ops.bbox_loss import bbox_loss, bbox_loss_maps
 from yolofast.ops.ema_update import ema_update
+from yolofast.ops.head_decode import head_decode
 from yolofast.ops.tal_assign import tal_assign
 
 __all__ = [
     "BackendUnavailable",
     "backend",
     "bbox_loss",
+    "bbox_loss_maps",
     "ema_update",
+    "head_decode",
     "reference",
     "select_backend",
     "tal_assign",

@@ -16,8 +16,16 @@ Ops (tensor shapes as in ``reference.py``):
       all in the compute dtype (float64 if pred_dist or pred_scores is float64, else float32). The grads
       are those of S*L_box, S*L_dfl, S*L_cls w.r.t. the logits and inv_s = 1/S, so backward is
       ``grad_pred_dist = gd_box*(g[0]*inv_s) + gd_dfl*(g[2]*inv_s)``, ``grad_pred_scores = gs*(g[1]*inv_s)``.
+  bbox_loss_maps(feats, anchor_points, target_bboxes, target_scores, fg_mask, reg_max)
+      -> (losses (3,), grad_main [(B, 4R+C, H_i, W_i)], grad_dfl [(B, 4R, H_i, W_i)], inv_s ())
+      the same loss read from the Detect head's per-level maps (B, 4R+C, H_i, W_i) in place (anchors level
+      by level, pixel h*W_i + w); the gradients come out in the maps' layout: grad_main holds those of
+      S*L_box (channels < 4R) and S*L_cls (channels >= 4R), grad_dfl that of S*L_dfl.
+  head_decode(feats, strides, reg_max) -> (pd_scores (B, A, C) sigmoid, pd_bboxes (B, A, 4) xyxy pixels)
+      the assigner's inputs decoded from the maps in one pass (reference.bbox_decode * stride); no gradient.
   ema_update(ema!, model, decay) -> ()   in place ema = lerp(ema, model, 1 - decay).
   _threads_seen(x) -> int   debug: distinct threads that ran a kernel chunk since the last call (CPU).
+  _bbox_vec_bits(x) -> int  debug: SIMD width in bits the CPU loss kernels were built for (0: scalar).
 """
 
 from __future__ import annotations
@@ -39,6 +47,12 @@ _lib.define(
     "bbox_loss(Tensor pred_dist, Tensor pred_scores, Tensor anchor_points, Tensor target_bboxes, "
     "Tensor target_scores, Tensor fg_mask) -> (Tensor, Tensor, Tensor, Tensor, Tensor)"
 )
+_lib.define(
+    "bbox_loss_maps(Tensor[] feats, Tensor anchor_points, Tensor target_bboxes, Tensor target_scores, "
+    "Tensor fg_mask, int reg_max) -> (Tensor, Tensor[], Tensor[], Tensor)"
+)
+_lib.define("head_decode(Tensor[] feats, float[] strides, int reg_max) -> (Tensor, Tensor)")
+_lib.define("_bbox_vec_bits(Tensor x) -> int")
 _lib.define("ema_update(Tensor(a!) ema, Tensor model, Tensor decay) -> ()")
 _lib.define("_threads_seen(Tensor x) -> int")
 
@@ -74,6 +88,27 @@ def _bbox_loss_fake(pred_dist, pred_scores, anchor_points, target_bboxes, target
     )
 
 
+def _maps_dtype(feats) -> torch.dtype:
+    return torch.float64 if any(f.dtype == torch.float64 for f in feats) else torch.float32
+
+
+@torch.library.register_fake("yolofast::bbox_loss_maps", lib=_lib)
+def _bbox_loss_maps_fake(feats, anchor_points, target_bboxes, target_scores, fg_mask, reg_max):
+    dt = _maps_dtype(feats)
+    B, no = feats[0].shape[:2]
+    grad_main = [f.new_empty((B, no, *f.shape[2:]), dtype=dt) for f in feats]
+    grad_dfl = [f.new_empty((B, 4 * reg_max, *f.shape[2:]), dtype=dt) for f in feats]
+    return feats[0].new_empty((3,), dtype=dt), grad_main, grad_dfl, feats[0].new_empty((), dtype=dt)
+
+
+@torch.library.register_fake("yolofast::head_decode", lib=_lib)
+def _head_decode_fake(feats, strides, reg_max):
+    dt = _maps_dtype(feats)
+    B, no = feats[0].shape[:2]
+    A = sum(f.shape[2] * f.shape[3] for f in feats)
+    return feats[0].new_empty((B, A, no - 4 * reg_max), dtype=dt), feats[0].new_empty((B, A, 4), dtype=dt)
+
+
 @torch.library.register_fake("yolofast::ema_update", lib=_lib)
 def _ema_update_fake(ema, model, decay):
     return None
@@ -83,6 +118,13 @@ def _ema_update_fake(ema, model, decay):
 # The formula is shared with the Triton op (yolofast/kernels/bbox_loss.py): _bbox_loss_grad.py.
 torch.library.register_autograd(
     "yolofast::bbox_loss", _bbox_loss_grad.backward, setup_context=_bbox_loss_grad.setup_context, lib=_lib
+)
+
+torch.library.register_autograd(
+    "yolofast::bbox_loss_maps",
+    _bbox_loss_grad.maps_backward,
+    setup_context=_bbox_loss_grad.maps_setup_context,
+    lib=_lib,
 )
 
 
@@ -104,6 +146,7 @@ torch.library.register_autograd(
 # (the bf16 -> fp32 casts are differentiable, so the gradients flow back in the model's dtype).
 for _device in ("cpu", "cuda"):
     torch.library.register_autocast("yolofast::bbox_loss", _device, torch.float32, lib=_lib)
+    torch.library.register_autocast("yolofast::bbox_loss_maps", _device, torch.float32, lib=_lib)
 
 
 # ------------------------------------------------------------------------------------------ python callables
@@ -149,6 +192,35 @@ def bbox_loss(
     return torch.ops.yolofast.bbox_loss(
         pred_dist, pred_scores, anchor_points, target_bboxes, target_scores, fg_mask
     )[0]
+
+
+def bbox_loss_maps(
+    feats: list[Tensor],
+    anchor_points: Tensor,
+    target_bboxes: Tensor,
+    target_scores: Tensor,
+    fg_mask: Tensor,
+    reg_max: int = 16,
+) -> Tensor:
+    """Compiled ``bbox_loss`` read from the head's maps in place: (3,) [L_box, L_cls, L_dfl], differentiable
+    w.r.t. every map (the gradients, in the maps' layout, are computed in the forward pass)."""
+    _ensure_loaded()
+    return torch.ops.yolofast.bbox_loss_maps(
+        list(feats), anchor_points, target_bboxes, target_scores, fg_mask, int(reg_max)
+    )[0]
+
+
+def head_decode(feats: list[Tensor], strides, reg_max: int = 16) -> tuple[Tensor, Tensor]:
+    """Compiled (pd_scores (B,A,C) sigmoid, pd_bboxes (B,A,4) xyxy pixels) from the head's maps; no grad."""
+    _ensure_loaded()
+    maps = [f.detach() for f in feats]
+    return torch.ops.yolofast.head_decode(maps, [float(s) for s in strides], int(reg_max))
+
+
+def bbox_vec_bits() -> int:
+    """SIMD width in bits of the CPU loss kernels as built (512 AVX-512, 256 AVX2, 128 NEON, 0: none)."""
+    _ensure_loaded()
+    return torch.ops.yolofast._bbox_vec_bits(torch.empty(0))
 
 
 def ema_update(ema: Tensor, model: Tensor, decay) -> None:

@@ -1,0 +1,265 @@
+"""The head-map ops (csrc/cpu/bbox_loss_kernel.cpp bbox_loss_maps, csrc/cpu/head_decode_kernel.cpp) against
+the reference path: the maps cat into (B, A, .) and reference.bbox_loss_ref / reference.bbox_decode."""
+
+from __future__ import annotations
+
+import platform
+
+import pytest
+import torch
+
+from yolofast.boxes import make_anchors
+from yolofast.ops import reference
+from yolofast.ops._backend import backend
+from yolofast.ops.bbox_loss import maps_to_rows
+
+UPSTREAM = (0.7, 1.3, -0.4)
+
+
+def make_maps(B, C, sizes, seed, reg_max=16, fg_frac=0.1, dtype=torch.float32, strides=(8, 16, 32)):
+    """Random head maps (B, 4R+C, H, W) and the targets of their anchors (grid units), fg anchors with one
+    soft class target each, some target sides beyond the DFL clamp and some anchors outside their box."""
+    g = torch.Generator().manual_seed(seed)
+    feats = []
+    for h, w in sizes:
+        dist = torch.randn(B, 4 * reg_max, h, w, generator=g) * 2.5
+        cls = torch.randn(B, C, h, w, generator=g) * 2.0 - 3.0
+        feats.append(torch.cat((dist, cls), 1).to(dtype))
+    anc, stride = make_anchors(feats, strides[: len(sizes)])
+    anc = anc.float()
+    A = anc.shape[0]
+    centre = anc + (torch.rand(B, A, 2, generator=g) - 0.5) * 3
+    wh = torch.rand(B, A, 2, generator=g) * (reg_max * 2.2) + 0.05
+    tb = torch.cat((centre - wh / 2, centre + wh / 2), -1)
+    fg = torch.rand(B, A, generator=g) < fg_frac
+    label = torch.randint(0, C, (B, A), generator=g)
+    score = torch.rand(B, A, generator=g) * fg
+    ts = torch.zeros(B, A, C).scatter_(-1, label[..., None], score[..., None])
+    return feats, anc, tb, ts, fg
+
+
+def run_maps(lib, feats, rest, reg_max=16):
+    fs = [f.detach().clone().requires_grad_() for f in feats]
+    out = lib.bbox_loss_maps(fs, *rest, reg_max)
+    grads = torch.autograd.grad((out * torch.tensor(UPSTREAM, dtype=out.dtype)).sum(), fs)
+    return out.detach(), grads
+
+
+def run_ref(feats, rest, reg_max=16):
+    fs = [f.detach().clone().requires_grad_() for f in feats]
+    pd, ps = maps_to_rows(fs, reg_max)
+    out = reference.bbox_loss_ref(pd, ps, *rest)
+    grads = torch.autograd.grad((out * torch.tensor(UPSTREAM, dtype=out.dtype)).sum(), fs)
+    return out.detach(), grads
+
+
+def assert_close_to_ref(got, want, rtol=1e-5):
+    torch.testing.assert_close(got[0], want[0], rtol=rtol, atol=0)
+    for a, b in zip(got[1], want[1]):
+        assert a.dtype == b.dtype and a.shape == b.shape and a.is_contiguous()
+        torch.testing.assert_close(a, b, rtol=rtol, atol=rtol * float(b.abs().max()) + 1e-30)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_matches_reference_640(lib, seed):
+    feats, *rest = make_maps(2, 80, [(80, 80), (40, 40), (20, 20)], seed)
+    assert_close_to_ref(run_maps(lib, feats, rest), run_ref(feats, rest))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_matches_reference_random_shapes(lib, seed):
+    """Odd H/W, 1 to 3 levels, any nc and reg_max: rows that are not whole vectors, tails everywhere."""
+    g = torch.Generator().manual_seed(500 + seed)
+    rnd = lambda lo, hi: int(torch.randint(lo, hi, (1,), generator=g))  # noqa: E731
+    sizes = [(rnd(1, 23), rnd(1, 23)) for _ in range(rnd(1, 4))]
+    reg_max, C, B = rnd(2, 20), rnd(1, 40), rnd(1, 3)
+    feats, *rest = make_maps(B, C, sizes, seed, reg_max=reg_max, fg_frac=float(torch.rand(1, generator=g)))
+    assert_close_to_ref(run_maps(lib, feats, rest, reg_max), run_ref(feats, rest, reg_max))
+
+
+def test_no_positives(lib):
+    feats, anc, tb, ts, fg = make_maps(2, 10, [(9, 7), (5, 4)], 3, fg_frac=0.0)
+    ts.zero_()
+    got = run_maps(lib, feats, (anc, tb, ts, fg))
+    assert got[0][0] == 0 and got[0][2] == 0
+    assert_close_to_ref(got, run_ref(feats, (anc, tb, ts, fg)))
+
+
+def test_fp64_gradcheck(lib):
+    feats, anc, tb, ts, fg = make_maps(1, 3, [(3, 5), (2, 1)], 11, reg_max=4, fg_frac=0.6)
+    feats = [f.double().requires_grad_() for f in feats]
+    rest = (anc.double(), tb.double(), ts.double(), fg)
+
+    def f(*fs):
+        return lib.bbox_loss_maps(list(fs), *rest, 4)[1:]  # class + DFL terms: smooth in the logits
+
+    assert torch.autograd.gradcheck(f, tuple(feats), eps=1e-6, atol=1e-8, rtol=1e-6)
+    assert_close_to_ref(run_maps(lib, feats, rest, 4), run_ref(feats, rest, 4), rtol=1e-12)
+
+
+def test_strided_maps(lib):
+    """channels_last maps and maps cut out of a larger tensor read the same as contiguous ones."""
+    feats, *rest = make_maps(2, 12, [(10, 9), (5, 5)], 5)
+    want = run_ref(feats, rest)
+    cl = [f.to(memory_format=torch.channels_last) for f in feats]
+    assert not cl[0].is_contiguous()
+    assert_close_to_ref(run_maps(lib, cl, rest), want)
+    big = [torch.randn(f.shape[0] + 1, f.shape[1] + 3, f.shape[2] + 2, f.shape[3] + 4) for f in feats]
+    for b, f in zip(big, feats):
+        b[1:, 2:-1, 1:-1, 3:-1] = f
+    crops = [b[1:, 2:-1, 1:-1, 3:-1] for b in big]
+    assert not crops[0].is_contiguous()
+    assert_close_to_ref(run_maps(lib, crops, rest), want)
+    rows = [b[1:, 2:-1, 1:-1, :] for b in big]  # full rows: read in place, channel and batch strides odd
+    rows = [r[..., 3:-1] if r.shape[-1] != f.shape[-1] else r for r, f in zip(rows, feats)]
+    assert_close_to_ref(run_maps(lib, rows, rest), want)
+
+
+def test_bf16_maps_no_worse_than_reference(lib):
+    feats, *rest = make_maps(2, 20, [(16, 16), (8, 8)], 9, fg_frac=0.2)
+    low = [f.to(torch.bfloat16) for f in feats]
+    exact = run_ref([f.double() for f in low], [r.double() if r.is_floating_point() else r for r in rest])
+    got, ref = run_maps(lib, low, rest), run_ref(low, rest)
+    assert got[0].dtype == torch.float32 and all(g.dtype == torch.bfloat16 for g in got[1])
+    err = lambda x: max(float((a.double() - b).abs().max()) for a, b in zip(x, exact[1]))  # noqa: E731
+    loss_err = lambda x: float((x[0].double() - exact[0]).abs().max())  # noqa: E731
+    assert loss_err(got) <= 2 * loss_err(ref) + 1e-7
+    assert err(got[1]) <= 2 * err(ref[1]) + 1e-7
+
+
+def test_every_output_element_written(lib, monkeypatch):
+    """Outputs are filled with NaN before the kernels run (YOLOFAST_POISON_OUTPUTS): none may survive."""
+    feats, *rest = make_maps(2, 9, [(7, 11), (3, 5)], 2, reg_max=5, fg_frac=0.3)
+    monkeypatch.setenv("YOLOFAST_POISON_OUTPUTS", "1")
+    out = torch.ops.yolofast.bbox_loss_maps(feats, *rest, 5)
+    dec = torch.ops.yolofast.head_decode(feats, [8.0, 16.0], 5)
+    monkeypatch.delenv("YOLOFAST_POISON_OUTPUTS")
+    for t in (out[0], *out[1], *out[2], out[3], *dec):
+        assert torch.isfinite(t).all()
+
+
+def test_deterministic_and_thread_count_independent(lib):
+    feats, *rest = make_maps(3, 80, [(40, 40), (20, 20), (10, 10)], 1)
+    prev = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        a = torch.ops.yolofast.bbox_loss_maps(feats, *rest, 16)
+        da = torch.ops.yolofast.head_decode(feats, [8.0, 16.0, 32.0], 16)
+        b = torch.ops.yolofast.bbox_loss_maps(feats, *rest, 16)
+        torch.set_num_threads(1)
+        c = torch.ops.yolofast.bbox_loss_maps(feats, *rest, 16)
+        dc = torch.ops.yolofast.head_decode(feats, [8.0, 16.0, 32.0], 16)
+    finally:
+        torch.set_num_threads(prev)
+    flat = lambda o: [o[0], *o[1], *o[2], o[3]]  # noqa: E731
+    for x, y, z in zip(flat(a), flat(b), flat(c)):
+        assert torch.equal(x, y) and torch.equal(x, z)
+    for x, z in zip(da, dc):
+        assert torch.equal(x, z)
+
+
+def test_old_layout_matches_maps_layout(lib):
+    """bbox_loss on (B, A, .) rows and bbox_loss_maps on the maps are the same loss to fp32 rounding."""
+    feats, *rest = make_maps(2, 30, [(12, 12), (6, 6)], 4, fg_frac=0.3)
+    pd, ps = maps_to_rows(feats)
+    want = lib.bbox_loss(pd, ps, *rest)
+    torch.testing.assert_close(lib.bbox_loss_maps(feats, *rest, 16), want, rtol=1e-5, atol=0)
+
+
+def ref_decode(feats, strides, reg_max):
+    pd, ps = maps_to_rows([f.double() for f in feats], reg_max)
+    anc, st = make_anchors([f.double() for f in feats], strides)
+    return ps.sigmoid(), reference.bbox_decode(pd, anc) * st
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_head_decode_matches_reference(lib, seed):
+    g = torch.Generator().manual_seed(seed)
+    sizes = [(int(torch.randint(1, 30, (1,), generator=g)), int(torch.randint(1, 30, (1,), generator=g)))
+             for _ in range(3)]
+    feats, *_ = make_maps(2, 17, sizes, seed, reg_max=16)
+    scores, boxes = lib.head_decode(feats, (8, 16, 32), 16)
+    want_s, want_b = ref_decode(feats, (8, 16, 32), 16)
+    assert scores.dtype == boxes.dtype == torch.float32
+    torch.testing.assert_close(scores.double(), want_s, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(boxes.double(), want_b, rtol=1e-6, atol=1e-4)  # px: ~1e-6 of 640
+    s64, b64 = lib.head_decode([f.double() for f in feats], (8, 16, 32), 16)
+    torch.testing.assert_close(s64, want_s, rtol=1e-13, atol=1e-15)
+    torch.testing.assert_close(b64, want_b, rtol=1e-13, atol=1e-11)
+    with backend("ref"):
+        from yolofast.ops import head_decode
+
+        rs, rb = head_decode(feats, (8, 16, 32), 16)
+    torch.testing.assert_close(rs, scores, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(rb, boxes, rtol=1e-6, atol=1e-4)
+
+
+def test_public_wrapper_backends_agree(lib):
+    from yolofast.ops import bbox_loss_maps
+
+    feats, *rest = make_maps(1, 6, [(8, 8), (4, 4)], 8, fg_frac=0.3)
+    with backend("cpp"):
+        got = bbox_loss_maps(feats, *rest)
+    with backend("ref"):
+        want = bbox_loss_maps(feats, *rest)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=0)
+
+
+def test_bad_inputs_raise_clear_errors(lib):
+    feats, anc, tb, ts, fg = make_maps(1, 3, [(4, 4), (2, 2)], 0)
+    with pytest.raises(RuntimeError, match="target_scores"):
+        lib.bbox_loss_maps(feats, anc, tb, ts[..., :2], fg, 16)
+    with pytest.raises(RuntimeError, match=r"feats\[1\]"):
+        lib.bbox_loss_maps([feats[0], feats[1][:, :-1]], anc, tb, ts, fg, 16)
+    with pytest.raises(RuntimeError, match="anchor_points"):
+        lib.bbox_loss_maps(feats, anc[:5], tb, ts, fg, 16)
+    with pytest.raises(RuntimeError, match="strides"):
+        torch.ops.yolofast.head_decode(feats, [8.0], 16)
+
+
+def test_opcheck(lib):
+    feats, anc, tb, ts, fg = make_maps(2, 5, [(4, 5), (2, 3)], 6, reg_max=8, fg_frac=0.4)
+    torch.library.opcheck(torch.ops.yolofast.head_decode.default, (feats, [8.0, 16.0], 8))
+    torch.library.opcheck(torch.ops.yolofast.bbox_loss_maps.default, (feats, anc, tb, ts, fg, 8))
+    feats = [f.requires_grad_() for f in feats]
+    torch.library.opcheck(torch.ops.yolofast.bbox_loss_maps.default, (feats, anc, tb, ts, fg, 8))
+
+
+def test_compiled_maps_loss_fullgraph(lib):
+    feats, *rest = make_maps(2, 5, [(8, 8), (4, 4)], 12, fg_frac=0.3)
+
+    def f(fs):
+        return (lib.bbox_loss_maps(fs, *rest, 16) * torch.tensor(UPSTREAM)).sum()
+
+    fs = [x.clone().requires_grad_() for x in feats]
+    out = torch.compile(f, fullgraph=True, backend="aot_eager")(fs)
+    grads = torch.autograd.grad(out, fs)
+    want = run_ref(feats, rest)
+    torch.testing.assert_close(out, (want[0] * torch.tensor(UPSTREAM)).sum(), rtol=1e-5, atol=0)
+    for a, b in zip(grads, want[1]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def test_kernels_are_built_with_simd(lib):
+    """The loss-path kernels use at::vec's AVX2/AVX-512/NEON code, not its generic scalar fallback."""
+    bits = lib.bbox_vec_bits()
+    if platform.machine() in ("aarch64", "arm64"):
+        assert bits == 128
+    elif platform.machine() in ("x86_64", "AMD64"):
+        flags = _cpu_flags()
+        if not {"avx2", "fma"} <= flags:
+            pytest.skip("CPU without AVX2 + FMA: the generic fallback is expected")
+        assert bits in (256, 512)
+        if bits == 512:  # only when the CPU has all four AVX-512 subsets
+            assert {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= flags
