@@ -35,7 +35,7 @@ commands:
 `yolofast train --help` lists every key with its default."""
 
 _VAL_KEYS = ("model", "data", "imgsz", "batch", "conf", "iou", "max_det", "device", "workers", "half",
-             "verbose", "split")
+             "verbose", "split", "map_convention")
 _SHAPES = ("shapes", "shapes.yaml")
 
 
@@ -119,7 +119,8 @@ def cmd_train(argv) -> int:
 def cmd_val(argv) -> int:
     if any(a in ("-h", "--help", "help") for a in argv):
         print("usage: yolofast val model=path/best.pt [data=...] [imgsz=...] [batch=16] [conf=0.001] "
-              "[iou=0.7] [max_det=300] [device=...] [workers=0] [half=False]\n"
+              "[iou=0.7] [max_det=300] [device=...] [workers=0] [half=False] [map_convention=coco]\n"
+              "map_convention=ultralytics reproduces Ultralytics 8.4's val numbers (coco: pycocotools').\n"
               "data and imgsz default to the ones the checkpoint was trained with.")
         return 0
     args = parse_args(argv)
