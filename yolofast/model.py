@@ -4,7 +4,8 @@
     model = YOLO("yolov8n")                       # architecture, random init (no weights are downloaded)
     metrics = model.train(data="shapes", epochs=30, imgsz=256)   # -> Trainer(...).train()
     model.val(data="shapes")                      # validates the trained (best.pt EMA) weights
-    dets = model.predict(images)                  # (B,3,H,W) float in [0,1] -> list of (n, 6) detections
+    results = model.predict("images/", save=True)   # list of Results: .boxes.xyxy/.conf/.cls, .plot()
+    model.export(format="onnx")                   # (batch, 4 + nc, anchors) output, as Ultralytics' ONNX
 
 ``YOLO("runs/train/train/weights/best.pt")`` loads a yolofast checkpoint (its EMA weights) instead.
 """
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
 from torch import nn
 
 __all__ = ["YOLO"]
@@ -73,8 +73,9 @@ class YOLO:
             self.ckpt_path = str(self.trainer.best)
         return self.metrics
 
-    def val(self, data=None, **kwargs) -> dict:
-        """Validate on ``data`` (default: the data it was trained on); keys imgsz, batch, conf, iou, ..."""
+    def val(self, data=None, **kwargs):
+        """Validate on ``data`` (default: the data it was trained on); keys imgsz, batch, conf, iou,
+        map_convention, ... Returns a ``DetMetrics``: the metrics dict, plus ``.box.map`` and the rest."""
         from yolofast.val import validate
 
         if data is None:
@@ -82,18 +83,47 @@ class YOLO:
                 raise ValueError("YOLO.val() needs data=... (no training run to take it from)")
             data = self.trainer.args.data
             kwargs.setdefault("imgsz", self.trainer.args.imgsz)
-        return validate(self.model, data, **kwargs)
+        self.metrics = validate(self.model, data, **kwargs)
+        return self.metrics
 
-    @torch.inference_mode()
-    def predict(self, images: torch.Tensor, conf: float = 0.25, iou: float = 0.7, max_det: int = 300):
-        """images (B,3,H,W) float in [0,1] (H, W multiples of 32) -> list of (n, 6) [x1,y1,x2,y2,conf,cls]."""
-        from yolofast.val.nms import non_max_suppression
+    def predict(self, source=None, stream: bool = False, **kwargs):
+        """Detect objects in ``source``: an image/video path, folder, glob, .txt list, list of paths, numpy
+        HWC BGR array, PIL image or (B,3,H,W) RGB tensor in [0, 1]. Keys: imgsz (640), conf (0.25), iou
+        (0.7), max_det, classes, agnostic_nms, half, device, batch, save, save_txt, save_conf, project
+        (runs/detect), name (predict), exist_ok, verbose, line_width, show_labels, show_conf.
+        Returns a list of ``Results`` (a generator with ``stream=True``)."""
+        from yolofast.predict import Predictor
 
-        self.model.eval()
-        p = next(self.model.parameters())
-        return non_max_suppression(self.model(images.to(p.device, p.dtype)), conf, iou, max_det)
+        if source is None:
+            raise ValueError("YOLO.predict() needs source=... (an image path, folder, array, tensor, ...)")
+        return Predictor(self.model, **kwargs)(source, stream=stream)
 
-    __call__ = predict
+    def __call__(self, source=None, stream: bool = False, **kwargs):
+        return self.predict(source, stream=stream, **kwargs)
+
+    def export(self, format: str = "onnx", **kwargs) -> str:
+        """Write the model as ``format`` ("onnx", "torchscript" or "ultralytics"); returns the file path.
+        Keys: imgsz (640), dynamic, opset, half, simplify, batch, file (default: next to the weights)."""
+        from yolofast.export import export
+
+        base = self.ckpt_path or f"{self.source if isinstance(self.source, str) else 'model'}.pt"
+        return export(self.model, format=format, weights=base, **kwargs)
+
+    @property
+    def callbacks(self):
+        from yolofast.engine.callbacks import Callbacks
+
+        if getattr(self, "_callbacks", None) is None:
+            self._callbacks = Callbacks()
+        return self._callbacks
+
+    def add_callback(self, event: str, fn) -> None:
+        """Run ``fn(trainer)`` on ``event`` (Ultralytics' names) in the next ``train()``."""
+        self.callbacks.add(event, fn)
+
+    def clear_callback(self, event: str) -> None:
+        """Remove every callback of ``event`` added with ``add_callback``."""
+        self.callbacks.set(event, [])
 
     def info(self) -> str:
         n = sum(p.numel() for p in self.model.parameters())
