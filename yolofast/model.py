@@ -7,7 +7,8 @@
     results = model.predict("images/", save=True)   # list of Results: .boxes.xyxy/.conf/.cls, .plot()
     model.export(format="onnx")                   # (batch, 4 + nc, anchors) output, as Ultralytics' ONNX
 
-``YOLO("runs/train/train/weights/best.pt")`` loads a yolofast checkpoint (its EMA weights) instead.
+``YOLO("runs/train/train/weights/best.pt")`` or ``YOLO("yolov8n.pt")`` (an Ultralytics YOLOv8 detect file)
+loads its weights (the EMA when present) through ``yolofast.io``, which runs no code stored in the file.
 """
 
 from __future__ import annotations
@@ -24,20 +25,21 @@ class YOLO:
 
     def __init__(self, model: str | Path | dict | nn.Module = "yolov8n", verbose: bool = False):
         self.ckpt_path: str | None = None
+        self.ckpt: dict | None = None  # read_checkpoint(...) of a loaded .pt: weights, names, train_args
         self.trainer = None
         self.metrics: dict | None = None
         if isinstance(model, nn.Module):
             self.model, self.source = model, model
         elif isinstance(model, (str, Path)) and str(model).endswith(".pt"):
-            from yolofast.engine.checkpoint import load_checkpoint
+            from yolofast.io import model_from_checkpoint, read_checkpoint
 
             if not Path(model).is_file():
                 raise FileNotFoundError(
                     f"YOLO({str(model)!r}): file not found. yolofast downloads no weights: use "
-                    f"YOLO('{Path(model).stem}') to build the architecture, or a path to a yolofast "
-                    "checkpoint")
-            ckpt = load_checkpoint(model)
-            self.model = (ckpt["ema"] if ckpt.get("ema") is not None else ckpt["model"]).float().eval()
+                    f"YOLO('{Path(model).stem}') to build the architecture, or a path to a yolofast or "
+                    "Ultralytics (YOLOv8 detect) checkpoint")
+            self.ckpt = read_checkpoint(model)  # safe: no pickle code runs, Ultralytics is not imported
+            self.model = model_from_checkpoint(self.ckpt)
             self.ckpt_path, self.source = str(model), str(model)
         else:
             from yolofast.nn import build_model
@@ -66,10 +68,10 @@ class YOLO:
         self.trainer = cls(model=src, **kwargs)
         self.metrics = self.trainer.train()
         if self.trainer.best.exists():
-            from yolofast.engine.checkpoint import load_checkpoint
+            from yolofast.io import model_from_checkpoint, read_checkpoint
 
-            ckpt = load_checkpoint(self.trainer.best)
-            self.model = (ckpt["ema"] if ckpt.get("ema") is not None else ckpt["model"]).float().eval()
+            self.ckpt = read_checkpoint(self.trainer.best)
+            self.model = model_from_checkpoint(self.ckpt)
             self.ckpt_path = str(self.trainer.best)
         return self.metrics
 

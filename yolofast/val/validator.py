@@ -218,8 +218,9 @@ def load_model(weights_or_model) -> nn.Module:
         path = Path(obj)
         if not path.is_file():
             raise FileNotFoundError(f"validate: weights file '{path}' not found")
-        # weights_only=False: yolofast checkpoints pickle the whole module (trusted local files only).
-        obj = torch.load(path, map_location="cpu", weights_only=False)
+        from yolofast.engine.checkpoint import load_checkpoint
+
+        obj = load_checkpoint(path)  # yolofast's or Ultralytics' files, read without running pickle code
         loaded = True
     else:
         loaded = False
