@@ -64,7 +64,8 @@ def test_torchscript(model, tmp_path):
 def test_default_file_is_next_to_the_weights(tmp_path):
     from yolofast.export import export
 
-    f = export(build_model("yolov8n", nc=2).eval(), "torchscript", weights=tmp_path / "w" / "best.pt", imgsz=64)
+    m = build_model("yolov8n", nc=2).eval()
+    f = export(m, "torchscript", weights=tmp_path / "w" / "best.pt", imgsz=64)
     assert f == str(tmp_path / "w" / "best.torchscript")
 
 
