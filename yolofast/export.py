@@ -117,7 +117,7 @@ def _guess_scale(model: nn.Module) -> str:
     return scales[c]
 
 
-def export(model: nn.Module, format: str = "onnx", weights: str | Path = "model.pt", imgsz=640,
+def export(model: nn.Module, format: str = "torchscript", weights: str | Path = "model.pt", imgsz=640,
            dynamic: bool = False, opset: int | None = None, half: bool = False, simplify: bool = False,
            batch: int = 1, device=None, file: str | Path | None = None) -> str:
     """Export ``model`` (a yolofast DetectionModel) next to ``weights`` (``best.onnx`` for ``best.pt``)

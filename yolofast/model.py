@@ -103,8 +103,9 @@ class YOLO:
     def __call__(self, source=None, stream: bool = False, **kwargs):
         return self.predict(source, stream=stream, **kwargs)
 
-    def export(self, format: str = "onnx", **kwargs) -> str:
-        """Write the model as ``format`` ("onnx", "torchscript" or "ultralytics"); returns the file path.
+    def export(self, format: str = "torchscript", **kwargs) -> str:
+        """Write the model as ``format`` ("torchscript", Ultralytics' default, "onnx" or "ultralytics");
+        returns the file path.
         Keys: imgsz (640), dynamic, opset, half, simplify, batch, file (default: next to the weights)."""
         from yolofast.export import export
 
