@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from yolofast.boxes import dist2bbox, make_anchors
+
 LOGGER = logging.getLogger("yolofast")
 FORMATS = ("onnx", "torchscript", "ultralytics")
 
@@ -33,7 +35,16 @@ class _Exported(nn.Module):
         self.model = model
 
     def forward(self, x):
-        return self.model.decode(self.model.forward_feats(x))
+        head = self.model.head
+        feats = self.model.forward_feats(x)
+        # The head's decode with fresh anchors: its cache is keyed by Python ints, which tracing would
+        # freeze into the graph; make_anchors reads the traced sizes, so H and W can stay dynamic.
+        b = feats[0].shape[0]
+        y = torch.cat([f.reshape(b, head.no, -1) for f in feats], 2)
+        box, cls = y.split((4 * head.reg_max, head.nc), 1)
+        points, strides = make_anchors(feats, head.strides, 0.5)
+        xywh = dist2bbox(head.dfl(box), points.transpose(0, 1).unsqueeze(0), xywh=True, dim=1)
+        return torch.cat((xywh * strides.transpose(0, 1), cls.sigmoid()), 1)
 
 
 def _prepare(model: nn.Module, imgsz, batch: int, half: bool, device):
@@ -61,9 +72,10 @@ def _onnx(wrapped, x, file: Path, dynamic: bool, opset: int | None, simplify: bo
     except ImportError as e:
         raise ImportError("export(format='onnx') needs the onnx package: pip install \"yolofast[export]\" "
                           "(onnx, onnxruntime, onnxslim)") from e
-    axes = {"images": {0: "batch"}, "output0": {0: "batch"}} if dynamic else None
+    axes = {"images": {0: "batch", 2: "height", 3: "width"}, "output0": {0: "batch", 2: "anchors"}}
+    axes = axes if dynamic else None
     # dynamo=False: the TorchScript-based exporter works offline with onnx alone (the dynamo one needs
-    # onnxscript) and turns the head's anchor grid into constants, which a fixed H x W allows.
+    # onnxscript, which is not a dependency).
     torch.onnx.export(wrapped, (x,), str(file), dynamo=False, opset_version=opset or 17,
                       input_names=["images"], output_names=["output0"], dynamic_axes=axes,
                       do_constant_folding=True)

@@ -39,9 +39,15 @@ def test_onnx_matches_pytorch_in_onnxruntime(model, tmp_path, dynamic):
     assert _rel(got, want) <= 1e-4
     meta = {p.key: p.value for p in __import__("onnx").load(f).metadata_props}
     assert meta["stride"] == "32" and "'a'" in meta["names"]
-    if not dynamic:
-        with pytest.raises(Exception):  # noqa: B017  fixed batch: onnxruntime refuses another batch size
-            sess.run(None, {"images": torch.rand(2, 3, 96, 128).numpy()})
+    other = torch.rand(2, 3, 160, 64)  # another batch and another H x W (anchors 20*8 + 10*4 + 5*2)
+    if dynamic:
+        with torch.no_grad():
+            want = model.model(other).numpy()
+        got = sess.run(None, {"images": other.numpy()})[0]
+        assert got.shape == want.shape == (2, 7, 210) and _rel(got, want) <= 1e-4
+    else:
+        with pytest.raises(Exception):  # noqa: B017  fixed shape: onnxruntime refuses another one
+            sess.run(None, {"images": other.numpy()})
 
 
 def test_onnx_simplify(model, tmp_path):
