@@ -54,7 +54,8 @@ class YOLO:
         """Train with ``Trainer`` (or the subclass ``trainer``); recipe keys as in ``yolofast.cfg``.
 
         The architecture string is rebuilt for the data's classes; a loaded checkpoint is the starting
-        point; a module given to ``YOLO(...)`` is trained as is. Afterwards ``self.model`` is best.pt's
+        point (or, with ``resume=True``, the run it belongs to continues); a module given to ``YOLO(...)``
+        is trained as is. Afterwards ``self.model`` is best.pt's
         EMA model and the returned metrics are best.pt's.
         """
         from yolofast.engine.trainer import Trainer
@@ -65,6 +66,9 @@ class YOLO:
         if "model" in kwargs:
             raise TypeError("YOLO.train() got 'model'; the model is the one given to YOLO(...)")
         src = self.ckpt_path or self.source
+        if kwargs.get("resume") is True and self.ckpt_path:
+            # YOLO("run/weights/last.pt").train(resume=True) continues that run, not the newest under runs/
+            kwargs["resume"] = self.ckpt_path
         self.trainer = cls(model=src, **kwargs)
         self.metrics = self.trainer.train()
         if self.trainer.best.exists():
