@@ -28,14 +28,17 @@ USAGE = """usage: yolofast <command> [key=value ...]
 commands:
   train   train a detector (no arguments: the built-in shapes data with the quick-start recipe)
   val     validate a checkpoint: yolofast val model=path/best.pt [data=...] [imgsz=...]
+  predict run a model on images/videos: yolofast predict model=best.pt source=images/ [conf=0.25] [save=True]
+  export  write ONNX / TorchScript / an Ultralytics checkpoint: yolofast export model=best.pt format=onnx
   info    versions, devices, threads and which kernel backend runs each op (and why)
   build   build (or load from cache) the C++/CUDA kernels and report (--cuda: also without a GPU)
   bench   kernel and train-step benchmarks against the references (`yolofast bench --help`)
 
-`yolofast train --help` lists every key with its default."""
+`yolofast train --help` lists every key with its default. Ultralytics' task word is accepted:
+`yolofast detect train ...` is `yolofast train ...`."""
 
 _VAL_KEYS = ("model", "data", "imgsz", "batch", "conf", "iou", "max_det", "device", "workers", "half",
-             "verbose", "split")
+             "verbose", "split", "map_convention")
 _SHAPES = ("shapes", "shapes.yaml")
 
 
@@ -119,7 +122,8 @@ def cmd_train(argv) -> int:
 def cmd_val(argv) -> int:
     if any(a in ("-h", "--help", "help") for a in argv):
         print("usage: yolofast val model=path/best.pt [data=...] [imgsz=...] [batch=16] [conf=0.001] "
-              "[iou=0.7] [max_det=300] [device=...] [workers=0] [half=False]\n"
+              "[iou=0.7] [max_det=300] [device=...] [workers=0] [half=False] [map_convention=coco]\n"
+              "map_convention=ultralytics reproduces Ultralytics 8.4's val numbers (coco: pycocotools').\n"
               "data and imgsz default to the ones the checkpoint was trained with.")
         return 0
     args = parse_args(argv)
@@ -151,6 +155,65 @@ def cmd_val(argv) -> int:
     args["device"] = select_device(args.get("device"))
     metrics = validate(ckpt, data, **args)
     print(" ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, float)))
+    return 0
+
+
+_PREDICT_KEYS = ("model", "source", "imgsz", "conf", "iou", "max_det", "classes", "agnostic_nms", "half",
+                 "device", "batch", "save", "save_txt", "save_conf", "project", "name", "exist_ok", "verbose",
+                 "line_width", "show_labels", "show_conf")
+_EXPORT_KEYS = ("model", "format", "imgsz", "dynamic", "opset", "half", "simplify", "batch", "device")
+_TASKS = ("detect", "segment", "pose", "obb", "classify")
+
+
+def _check_cmd_keys(cmd: str, args: dict, allowed) -> None:
+    import difflib
+
+    bad = [k for k in args if k not in allowed]
+    if bad:
+        near = difflib.get_close_matches(bad[0], allowed, n=2, cutoff=0.5)
+        hint = f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
+        raise UsageError(f"'{bad[0]}' is not a {cmd} key{hint} (keys: {', '.join(allowed)})")
+    if "model" not in args:
+        raise UsageError(f"yolofast {cmd} needs model=path/to/weights.pt (or yolov8n for random weights)")
+
+
+def cmd_predict(argv) -> int:
+    if any(a in ("-h", "--help", "help") for a in argv):
+        print("usage: yolofast predict model=best.pt source=PATH [key=value ...]\n"
+              "source: image/video file, folder, glob ('imgs/*.jpg') or .txt list of paths\n"
+              f"keys: {', '.join(_PREDICT_KEYS)}\n"
+              "conf defaults to 0.25, save to True (annotated images under runs/detect/predict*)")
+        return 0
+    args = parse_args(argv)
+    _check_cmd_keys("predict", args, _PREDICT_KEYS)
+    if args.get("source") is None:
+        raise UsageError("yolofast predict needs source=... (an image or video file, a folder, a glob or a "
+                         ".txt list)")
+    from yolofast import YOLO
+
+    model = YOLO(str(args.pop("model")))
+    args.setdefault("save", True)  # the CLI saves by default, as Ultralytics' does
+    n = 0
+    for r in model.predict(stream=True, **args):
+        n += 1
+        if args.get("verbose", True):
+            h, w = r.orig_shape
+            print(f"{r.path}: {h}x{w} {r.verbose()}{r.speed.get('inference', 0):.1f}ms")
+    print(f"{n} image(s) processed")
+    return 0
+
+
+def cmd_export(argv) -> int:
+    if any(a in ("-h", "--help", "help") for a in argv):
+        print("usage: yolofast export model=best.pt format=onnx [imgsz=640] [dynamic=False] [opset=17] "
+              "[half=False] [simplify=False]\nformats: onnx, torchscript, ultralytics")
+        return 0
+    args = parse_args(argv)
+    _check_cmd_keys("export", args, _EXPORT_KEYS)
+    from yolofast import YOLO
+
+    model = YOLO(str(args.pop("model")))
+    print(f"exported: {model.export(**{'format': DEFAULTS['format'], **args})}")
     return 0
 
 
@@ -223,7 +286,8 @@ def cmd_bench(argv) -> int:
     return bench_main(argv)
 
 
-COMMANDS = {"train": cmd_train, "val": cmd_val, "info": cmd_info, "build": cmd_build, "bench": cmd_bench}
+COMMANDS = {"train": cmd_train, "val": cmd_val, "predict": cmd_predict, "export": cmd_export,
+            "info": cmd_info, "build": cmd_build, "bench": cmd_bench}
 
 
 def main(argv=None) -> int:
@@ -236,6 +300,16 @@ def main(argv=None) -> int:
 
         print(__version__)
         return 0
+    if argv[0] in _TASKS:  # Ultralytics' `yolo detect train ...`: the task word comes first
+        if argv[0] != "detect":
+            print(f"yolofast: error: task '{argv[0]}' is not supported: yolofast trains and runs detection "
+                  f"models only (YOLOv8 detect); use `yolofast detect {' '.join(argv[1:2]) or 'train'} ...` "
+                  "for detection, or Ultralytics for segment/pose/obb/classify", file=sys.stderr)
+            return 2
+        argv = argv[1:] or ["--help"]
+        if argv[0] in ("-h", "--help", "help"):
+            print(USAGE)
+            return 0
     cmd, rest = argv[0], argv[1:]
     if cmd not in COMMANDS:
         print(f"yolofast: error: unknown command '{cmd}'\n\n{USAGE}", file=sys.stderr)
@@ -248,7 +322,7 @@ def main(argv=None) -> int:
 
     try:
         return COMMANDS[cmd](rest)
-    except (CfgError, UsageError, DataError, FileNotFoundError) as e:
+    except (CfgError, UsageError, DataError, FileNotFoundError, ImportError) as e:
         print(f"yolofast: error: {e}", file=sys.stderr)
         return 2
     except NonFiniteLossError as e:  # the run gave up after restoring; its message names the checkpoint

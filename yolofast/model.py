@@ -4,16 +4,17 @@
     model = YOLO("yolov8n")                       # architecture, random init (no weights are downloaded)
     metrics = model.train(data="shapes", epochs=30, imgsz=256)   # -> Trainer(...).train()
     model.val(data="shapes")                      # validates the trained (best.pt EMA) weights
-    dets = model.predict(images)                  # (B,3,H,W) float in [0,1] -> list of (n, 6) detections
+    results = model.predict("images/", save=True)   # list of Results: .boxes.xyxy/.conf/.cls, .plot()
+    model.export(format="onnx")                   # (batch, 4 + nc, anchors) output, as Ultralytics' ONNX
 
-``YOLO("runs/train/train/weights/best.pt")`` loads a yolofast checkpoint (its EMA weights) instead.
+``YOLO("runs/train/train/weights/best.pt")`` or ``YOLO("yolov8n.pt")`` (an Ultralytics YOLOv8 detect file)
+loads its weights (the EMA when present) through ``yolofast.io``, which runs no code stored in the file.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import torch
 from torch import nn
 
 __all__ = ["YOLO"]
@@ -24,20 +25,21 @@ class YOLO:
 
     def __init__(self, model: str | Path | dict | nn.Module = "yolov8n", verbose: bool = False):
         self.ckpt_path: str | None = None
+        self.ckpt: dict | None = None  # read_checkpoint(...) of a loaded .pt: weights, names, train_args
         self.trainer = None
         self.metrics: dict | None = None
         if isinstance(model, nn.Module):
             self.model, self.source = model, model
         elif isinstance(model, (str, Path)) and str(model).endswith(".pt"):
-            from yolofast.engine.checkpoint import load_checkpoint
+            from yolofast.io import model_from_checkpoint, read_checkpoint
 
             if not Path(model).is_file():
                 raise FileNotFoundError(
                     f"YOLO({str(model)!r}): file not found. yolofast downloads no weights: use "
-                    f"YOLO('{Path(model).stem}') to build the architecture, or a path to a yolofast "
-                    "checkpoint")
-            ckpt = load_checkpoint(model)
-            self.model = (ckpt["ema"] if ckpt.get("ema") is not None else ckpt["model"]).float().eval()
+                    f"YOLO('{Path(model).stem}') to build the architecture, or a path to a yolofast or "
+                    "Ultralytics (YOLOv8 detect) checkpoint")
+            self.ckpt = read_checkpoint(model)  # safe: no pickle code runs, Ultralytics is not imported
+            self.model = model_from_checkpoint(self.ckpt)
             self.ckpt_path, self.source = str(model), str(model)
         else:
             from yolofast.nn import build_model
@@ -52,7 +54,8 @@ class YOLO:
         """Train with ``Trainer`` (or the subclass ``trainer``); recipe keys as in ``yolofast.cfg``.
 
         The architecture string is rebuilt for the data's classes; a loaded checkpoint is the starting
-        point; a module given to ``YOLO(...)`` is trained as is. Afterwards ``self.model`` is best.pt's
+        point (or, with ``resume=True``, the run it belongs to continues); a module given to ``YOLO(...)``
+        is trained as is. Afterwards ``self.model`` is best.pt's
         EMA model and the returned metrics are best.pt's.
         """
         from yolofast.engine.trainer import Trainer
@@ -63,18 +66,22 @@ class YOLO:
         if "model" in kwargs:
             raise TypeError("YOLO.train() got 'model'; the model is the one given to YOLO(...)")
         src = self.ckpt_path or self.source
+        if kwargs.get("resume") is True and self.ckpt_path:
+            # YOLO("run/weights/last.pt").train(resume=True) continues that run, not the newest under runs/
+            kwargs["resume"] = self.ckpt_path
         self.trainer = cls(model=src, **kwargs)
         self.metrics = self.trainer.train()
         if self.trainer.best.exists():
-            from yolofast.engine.checkpoint import load_checkpoint
+            from yolofast.io import model_from_checkpoint, read_checkpoint
 
-            ckpt = load_checkpoint(self.trainer.best)
-            self.model = (ckpt["ema"] if ckpt.get("ema") is not None else ckpt["model"]).float().eval()
+            self.ckpt = read_checkpoint(self.trainer.best)
+            self.model = model_from_checkpoint(self.ckpt)
             self.ckpt_path = str(self.trainer.best)
         return self.metrics
 
-    def val(self, data=None, **kwargs) -> dict:
-        """Validate on ``data`` (default: the data it was trained on); keys imgsz, batch, conf, iou, ..."""
+    def val(self, data=None, **kwargs):
+        """Validate on ``data`` (default: the data it was trained on); keys imgsz, batch, conf, iou,
+        map_convention, ... Returns a ``DetMetrics``: the metrics dict, plus ``.box.map`` and the rest."""
         from yolofast.val import validate
 
         if data is None:
@@ -82,18 +89,48 @@ class YOLO:
                 raise ValueError("YOLO.val() needs data=... (no training run to take it from)")
             data = self.trainer.args.data
             kwargs.setdefault("imgsz", self.trainer.args.imgsz)
-        return validate(self.model, data, **kwargs)
+        self.metrics = validate(self.model, data, **kwargs)
+        return self.metrics
 
-    @torch.inference_mode()
-    def predict(self, images: torch.Tensor, conf: float = 0.25, iou: float = 0.7, max_det: int = 300):
-        """images (B,3,H,W) float in [0,1] (H, W multiples of 32) -> list of (n, 6) [x1,y1,x2,y2,conf,cls]."""
-        from yolofast.val.nms import non_max_suppression
+    def predict(self, source=None, stream: bool = False, **kwargs):
+        """Detect objects in ``source``: an image/video path, folder, glob, .txt list, list of paths, numpy
+        HWC BGR array, PIL image or (B,3,H,W) RGB tensor in [0, 1]. Keys: imgsz (640), conf (0.25), iou
+        (0.7), max_det, classes, agnostic_nms, half, device, batch, save, save_txt, save_conf, project
+        (runs/detect), name (predict), exist_ok, verbose, line_width, show_labels, show_conf.
+        Returns a list of ``Results`` (a generator with ``stream=True``)."""
+        from yolofast.predict import Predictor
 
-        self.model.eval()
-        p = next(self.model.parameters())
-        return non_max_suppression(self.model(images.to(p.device, p.dtype)), conf, iou, max_det)
+        if source is None:
+            raise ValueError("YOLO.predict() needs source=... (an image path, folder, array, tensor, ...)")
+        return Predictor(self.model, **kwargs)(source, stream=stream)
 
-    __call__ = predict
+    def __call__(self, source=None, stream: bool = False, **kwargs):
+        return self.predict(source, stream=stream, **kwargs)
+
+    def export(self, format: str = "torchscript", **kwargs) -> str:
+        """Write the model as ``format`` ("torchscript", Ultralytics' default, "onnx" or "ultralytics");
+        returns the file path.
+        Keys: imgsz (640), dynamic, opset, half, simplify, batch, file (default: next to the weights)."""
+        from yolofast.export import export
+
+        base = self.ckpt_path or f"{self.source if isinstance(self.source, str) else 'model'}.pt"
+        return export(self.model, format=format, weights=base, **kwargs)
+
+    @property
+    def callbacks(self):
+        from yolofast.engine.callbacks import Callbacks
+
+        if getattr(self, "_callbacks", None) is None:
+            self._callbacks = Callbacks()
+        return self._callbacks
+
+    def add_callback(self, event: str, fn) -> None:
+        """Run ``fn(trainer)`` on ``event`` (Ultralytics' names) in the next ``train()``."""
+        self.callbacks.add(event, fn)
+
+    def clear_callback(self, event: str) -> None:
+        """Remove every callback of ``event`` added with ``add_callback``."""
+        self.callbacks.set(event, [])
 
     def info(self) -> str:
         n = sum(p.numel() for p in self.model.parameters())

@@ -154,7 +154,7 @@ def test_polygon_label_becomes_its_extent(tmp_path, split_factory):
 def test_labels_cache_reused_and_invalidated(tmp_path, split_factory, ylog):
     items = {"a": "0 0.5 0.5 0.2 0.2\n", "b": "1 0.5 0.5 0.2 0.2\n", "c": "9 0 0 1 1\n"}
     img_dir = split_factory(tmp_path, items)
-    cache = tmp_path / "labels" / "train.cache"
+    cache = tmp_path / "labels" / "train.yolofast.cache"
     ds1 = YOLODataset(str(img_dir), imgsz=64, nc=2)
     assert not ds1.from_cache and cache.is_file()
     ylog.clear()
@@ -177,7 +177,7 @@ def test_readonly_label_folder_skips_cache_once(tmp_path, split_factory, ylog):
         ds = YOLODataset(str(img_dir), imgsz=64, nc=1)
     finally:
         labels.chmod(0o755)
-    assert not ds.from_cache and not (labels / "train.cache").exists()
+    assert not ds.from_cache and not (labels / "train.yolofast.cache").exists()
     assert ylog.text.count("labels cache not saved") == 1
 
 
@@ -209,3 +209,35 @@ def test_no_labels_folder_warns(tmp_path, split_factory, ylog):
     assert len(ds) == 2 and ds.stats["backgrounds"] == 2 and ds.stats["missing"] == 2
     assert "no labels found" in ylog.text and str(tmp_path / "labels" / "train") in ylog.text
     assert "cache not saved" not in ylog.text
+
+
+def test_labels_cache_is_not_pickle_and_ignores_crafted_and_ultralytics_files(tmp_path, split_factory):
+    import pickle
+
+    img_dir = split_factory(tmp_path, {"a": "0 0.5 0.5 0.2 0.2\n", "b": "0 0.4 0.5 0.2 0.3\n"})
+    ours = tmp_path / "labels" / "train.yolofast.cache"
+    theirs = tmp_path / "labels" / "train.cache"  # Ultralytics' own cache of the same split
+    theirs.write_bytes(b"ultralytics cache bytes")
+    ds = YOLODataset(str(img_dir), imgsz=64, nc=1)
+    assert theirs.read_bytes() == b"ultralytics cache bytes"  # left alone, neither read nor overwritten
+    with np.load(ours, allow_pickle=False) as z:  # plain arrays: loads without pickle
+        assert int(z["counts"].sum()) == 2
+    assert YOLODataset(str(img_dir), imgsz=64, nc=1).from_cache
+
+    marker = tmp_path / "ran"
+
+    class Evil:
+        def __reduce__(self):
+            return os.system, (f"touch {marker}",)
+
+    # a crafted file at our cache's path: a pickle (as the old format was) and an npz holding an object array
+    for payload in (pickle.dumps({"version": "yolofast-labels-2", "x": Evil()}), None):
+        if payload is None:
+            with open(ours, "wb") as f:
+                np.savez(f, meta=np.array([Evil()], dtype=object))
+        else:
+            ours.write_bytes(payload)
+        again = YOLODataset(str(img_dir), imgsz=64, nc=1)
+        assert not again.from_cache and again.stats == ds.stats  # rescanned
+        assert not marker.exists()
+    assert YOLODataset(str(img_dir), imgsz=64, nc=1).from_cache  # the rescan rewrote a good cache

@@ -5,6 +5,7 @@ import copy
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from yolofast.data import make_shapes
 from yolofast.engine.checkpoint import CheckpointError, load_checkpoint
 from yolofast.nn import YOLOV8
 
+ULTRALYTICS = Path(__file__).resolve().parents[3] / "shared" / "data" / "ultralytics"  # Ultralytics 8.4 files
 TINY = {k: v for k, v in copy.deepcopy(YOLOV8).items() if k != "scales"}
 TINY.update(depth_multiple=0.33, width_multiple=0.125, max_channels=256)
 
@@ -136,14 +138,18 @@ def test_truncated_and_foreign_checkpoints_are_detected(one_epoch_run, tmp_path)
     text.write_text("not a checkpoint\n")
     with pytest.raises(CheckpointError, match="text.pt"):
         load_checkpoint(text)
-    # another tool's checkpoint: it has model/ema but none of the yolofast training state
-    foreign = tmp_path / "foreign.pt"
-    torch.save({"model": torch.nn.Linear(2, 2), "ema": None, "epoch": 3, "date": "x"}, foreign)
-    with pytest.raises(CheckpointError, match="another tool.*missing.*optimizer.*model=") as e:
+    # a model that is no detector: named, with what is supported
+    linear = tmp_path / "linear.pt"
+    torch.save({"model": torch.nn.Linear(2, 2), "ema": None, "epoch": 3, "date": "x"}, linear)
+    with pytest.raises(CheckpointError, match=r"linear\.pt.*torch\.nn\.modules\.linear\.Linear.*supports"):
+        Trainer(resume=str(linear))
+    # another tool's checkpoint (Ultralytics' mid-run last.pt): weights, but not yolofast's training state
+    foreign = ULTRALYTICS / "yolov8n-rect3-epoch2-last.pt"
+    with pytest.raises(CheckpointError, match="another tool.*missing.*scheduler.*model=") as e:
         Trainer(resume=str(foreign))
     assert str(foreign) in str(e.value)
     torch.save([1, 2, 3], tmp_path / "list.pt")
-    with pytest.raises(CheckpointError, match="not a yolofast checkpoint"):
+    with pytest.raises(CheckpointError, match="not a model checkpoint"):
         load_checkpoint(tmp_path / "list.pt")
 
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
-import pickle
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -19,7 +19,10 @@ from yolofast.data.collate import collate_fn
 from yolofast.data.config import IMG_FORMATS, DataError
 
 LOGGER = logging.getLogger("yolofast")
-CACHE_VERSION = "yolofast-labels-1"
+# v2: numpy .npz without pickle, named <split>.yolofast.cache (Ultralytics owns <split>.cache: sharing that
+# name made each engine rescan and overwrite the other's file on every run).
+CACHE_VERSION = "yolofast-labels-2"
+CACHE_SUFFIX = ".yolofast.cache"
 COORD_TOL = 1e-3  # label corners may overshoot [0, 1] by this much (rounding in converters), then clipped
 MIN_IMG_SIDE = 10  # px; smaller "images" are almost always broken files
 HYP_DEFAULTS = dict(hsv_h=0.015, hsv_s=0.7, hsv_v=0.4, degrees=0.0, translate=0.1, scale=0.5, shear=0.0,
@@ -217,14 +220,38 @@ def _writable(folder: Path) -> bool:
 
 
 def _load_cache(path: Path, key: str):
+    """The cache at ``path`` if it is ours and current, else None (rescan). Read with allow_pickle=False:
+    a crafted file there (a downloaded data set) can hold arrays only, nothing that runs."""
     try:
-        with open(path, "rb") as f:
-            c = pickle.load(f)
-        if isinstance(c, dict) and c.get("version") == CACHE_VERSION and c.get("hash") == key:
-            return c
-    except Exception:  # stale/corrupt/foreign cache: rescan
-        pass
-    return None
+        with np.load(path, allow_pickle=False) as z:
+            meta = json.loads(str(z["meta"]))
+            if not isinstance(meta, dict) or (meta.get("version"), meta.get("hash")) != (CACHE_VERSION, key):
+                return None
+            files, counts, shapes = z["im_files"], z["counts"], z["shapes"]
+            cls, boxes = z["cls"], z["bboxes"]
+            if not (len(files) == len(counts) == len(shapes) and counts.sum() == len(cls) == len(boxes)):
+                return None
+            ends = np.cumsum(counts)
+            labels = [{"im_file": str(f), "cls": cls[e - n:e], "bboxes": boxes[e - n:e],
+                       "shape": tuple(int(v) for v in sh)}
+                      for f, n, e, sh in zip(files, counts, ends, shapes)]
+            return dict(version=CACHE_VERSION, hash=key, labels=labels, msgs=list(meta["msgs"]),
+                        stats=dict(meta["stats"]))
+    except Exception:  # missing, stale, corrupt or crafted (pickled objects are refused): rescan
+        return None
+
+
+def _cache_arrays(cache: dict) -> dict:
+    labels = cache["labels"]
+    meta = {k: cache[k] for k in ("version", "hash", "msgs", "stats")}
+    return {
+        "meta": np.array(json.dumps(meta)),
+        "im_files": np.array([lab["im_file"] for lab in labels], dtype=str),
+        "counts": np.array([len(lab["cls"]) for lab in labels], dtype=np.int64),
+        "shapes": np.array([lab["shape"] for lab in labels], dtype=np.int64).reshape(-1, 2),
+        "cls": np.concatenate([lab["cls"] for lab in labels] or [np.zeros((0, 1), np.float32)]),
+        "bboxes": np.concatenate([lab["bboxes"] for lab in labels] or [np.zeros((0, 4), np.float32)]),
+    }
 
 
 def _save_cache(path: Path, cache: dict, prefix: str) -> None:
@@ -239,8 +266,8 @@ def _save_cache(path: Path, cache: dict, prefix: str) -> None:
         return
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "wb") as f:
-            pickle.dump(cache, f, protocol=pickle.HIGHEST_PROTOCOL)
+        with open(tmp, "wb") as f:  # a file object: np.savez would append ".npz" to a path
+            np.savez(f, **_cache_arrays(cache))
         os.replace(tmp, path)  # atomic: a concurrent reader never sees half a cache
     except OSError as e:
         tmp.unlink(missing_ok=True)
@@ -248,10 +275,12 @@ def _save_cache(path: Path, cache: dict, prefix: str) -> None:
 
 
 def load_labels(im_files, nc, prefix="", use_cache=True):
-    """Scan images + labels (or reuse the .cache next to the labels folder). Logs one warning per problem
+    """Scan images + labels (or reuse ``<split>.yolofast.cache`` next to the labels folder; Ultralytics'
+    ``<split>.cache`` there is neither read nor touched). Logs one warning per problem
     file and a summary. Returns (labels list of dicts for usable images, stats dict, from_cache bool)."""
     lb_files = img2label_paths(im_files)
-    cache_path = Path(lb_files[0]).parent.with_suffix(".cache")
+    folder = Path(lb_files[0]).parent
+    cache_path = folder.with_name(folder.name + CACHE_SUFFIX)
     key = _files_hash(im_files, lb_files, nc)
     cache = _load_cache(cache_path, key) if use_cache else None
     from_cache = cache is not None

@@ -1,17 +1,19 @@
 """Checkpoints: atomic writes, RNG state capture/restore, and finding the run to resume.
 
-A checkpoint is a dict (``torch.save``):
-  epoch (last finished, 0-based), best_fitness, model (fp32 module), ema (EMA module), updates (EMA steps),
-  optimizer / scaler / scheduler state_dicts, train_args (dict), train_results (last metrics),
-  rng (python, numpy, torch, cuda, loader generator), version, date.
-The modules are pickled whole (so ``yolofast val model=best.pt`` needs no config) and kept in fp32 so a
-resumed run continues bit-exactly; loading therefore needs ``weights_only=False`` — trusted files only.
+The trainer hands ``save_checkpoint`` a dict: epoch (last finished, 0-based), best_fitness, model (fp32
+module), ema (EMA module), updates (EMA steps), optimizer / scaler / scheduler state_dicts, train_args
+(dict), train_metrics, rng (python, numpy, torch, cuda, loader generators), version, date.
+On disk (``format`` = "yolofast/2") the modules are fp32 state_dicts next to ``model_cfg`` (the
+``build_model`` config, nc, names, stride) and every other entry is plain data (numpy arrays of the RNG
+state become tensors), so ``torch.load(path, weights_only=True)`` reads a yolofast checkpoint and no code
+stored in it can run. ``load_checkpoint`` reads that format, the older one that pickled the modules, and
+Ultralytics' files, all through ``yolofast.io`` (no pickle code runs), and rebuilds the modules, so a
+resumed run continues bit-exactly from the same fp32 numbers.
 """
 
 from __future__ import annotations
 
 import os
-import pickle
 import random
 import tempfile
 from datetime import datetime
@@ -21,17 +23,47 @@ import numpy as np
 import torch
 
 from yolofast.cfg import CfgError
+from yolofast.io import FORMAT, read_checkpoint, to_plain
+from yolofast.io.errors import CheckpointError
 
 __all__ = ["save_checkpoint", "load_checkpoint", "rng_state", "set_rng_state", "find_last_checkpoint",
-           "checkpoint_meta", "check_resumable", "remove_stale_temps", "CheckpointError", "RESUME_KEYS"]
+           "checkpoint_meta", "check_resumable", "remove_stale_temps", "CheckpointError", "RESUME_KEYS",
+           "to_file_format"]
 
 # What a resumed run restores (Trainer._restore); a file without them cannot continue a run exactly.
 RESUME_KEYS = ("epoch", "model", "ema", "updates", "optimizer", "scaler", "scheduler", "train_args", "rng")
 
 
-class CheckpointError(CfgError):
-    """A checkpoint that is truncated, corrupt, foreign, or lacks what the caller needs (a CfgError, so
-    ``yolofast train resume=...`` prints the message instead of a traceback)."""
+def _model_cfg(model: torch.nn.Module) -> dict:
+    cfg = getattr(model, "yaml", None)
+    return {
+        # None: a custom module without a build_model config; its weights are kept, it cannot be rebuilt.
+        "cfg": to_plain(cfg) if isinstance(cfg, dict) else None,
+        "nc": getattr(model, "nc", None),
+        "names": dict(getattr(model, "names", None) or {}),
+        "stride": [float(s) for s in model.stride] if isinstance(getattr(model, "stride", None),
+                                                                  torch.Tensor) else None,
+        "class": type(model).__name__,
+    }
+
+
+def _state(module: torch.nn.Module) -> dict:
+    return {k: v.detach() for k, v in module.state_dict().items()}
+
+
+def to_file_format(ckpt: dict) -> dict:
+    """The on-disk form of a trainer checkpoint: modules -> fp32 state_dicts + ``model_cfg``, the rest
+    plain data that ``torch.load(weights_only=True)`` accepts."""
+    out = {k: to_plain(v) for k, v in ckpt.items() if k not in ("model", "ema")}
+    model, ema = ckpt.get("model"), ckpt.get("ema")
+    ref = model if isinstance(model, torch.nn.Module) else ema
+    if isinstance(ref, torch.nn.Module):
+        out["model_cfg"] = _model_cfg(ref)
+    for k, m in (("model", model), ("ema", ema)):
+        if k in ckpt:
+            out[k] = _state(m) if isinstance(m, torch.nn.Module) else to_plain(m)
+    out["format"] = FORMAT
+    return out
 
 
 def save_checkpoint(ckpt: dict, path: str | Path) -> Path:
@@ -43,8 +75,9 @@ def save_checkpoint(ckpt: dict, path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        data = to_file_format(ckpt)
         with os.fdopen(fd, "wb") as f:
-            torch.save(ckpt, f)
+            torch.save(data, f)
             f.flush()
             os.fsync(f.fileno())
         umask = os.umask(0)
@@ -57,34 +90,41 @@ def save_checkpoint(ckpt: dict, path: str | Path) -> Path:
     return path
 
 
+def _module(info: dict, sd: dict | None, ema: bool) -> torch.nn.Module | dict | None:
+    """A fp32 yolofast module holding ``sd`` (train mode with trainable weights, or the eval-mode EMA)."""
+    if sd is None:
+        return None
+    if info["cfg"] is None:
+        return sd  # a custom module's weights: the caller builds the module (see to_file_format)
+    from yolofast.io import load_weights
+    from yolofast.nn import build_model
+
+    m = build_model(info["cfg"], nc=info["nc"])
+    load_weights(m, sd, f"checkpoint '{info['path']}'")
+    m.names = info["names"]
+    for n, p in m.named_parameters():  # as the Trainer sets them: the DFL's fixed bins never train
+        p.requires_grad_(not ema and ".dfl." not in n)
+    return m.eval() if ema else m
+
+
 def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
-    """Load a yolofast checkpoint (a dict); a clear error when the file is missing or not a checkpoint."""
+    """Load a checkpoint as the trainer wrote it: its entries, with ``model``/``ema`` rebuilt as fp32
+    yolofast modules (``ema`` None when the file has none). Reads yolofast's format, the older pickled one
+    and Ultralytics' files safely (``yolofast.io.read_checkpoint``); ``source`` says which wrote it."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint '{path}' not found")
-    if path.stat().st_size == 0:
-        raise CheckpointError(f"checkpoint '{path}' is empty (0 bytes): a crash while it was copied? Use "
-                              f"another checkpoint (weights/last.pt, best.pt or epoch{{N}}.pt)")
-    try:
-        # weights_only=False: yolofast checkpoints pickle the model modules (trusted local files only).
-        ckpt = torch.load(path, map_location=map_location, weights_only=False)
-    except (RuntimeError, EOFError, pickle.UnpicklingError, ValueError, AttributeError, ImportError) as e:
-        raise CheckpointError(
-            f"checkpoint '{path}' ({path.stat().st_size} bytes) cannot be read: truncated, corrupt or not a "
-            f"torch file ({type(e).__name__}: {str(e)[:200]}). yolofast writes checkpoints atomically, so a "
-            f"truncated one was copied or written by another tool; use another checkpoint") from e
-    if not isinstance(ckpt, dict) or not ({"model", "ema"} & set(ckpt)):
-        keys = f" with keys {', '.join(map(str, list(ckpt)[:8]))}" if isinstance(ckpt, dict) else ""
-        raise CheckpointError(f"'{path}' is not a yolofast checkpoint (expected a dict with 'model'/'ema', "
-                              f"got {type(ckpt).__name__}{keys})")
+    info = read_checkpoint(path, map_location)
+    ckpt = dict(info["train_state"])
+    ckpt["model"] = _module(info, info.get("model_state_dict") or info["state_dict"], ema=False)
+    ckpt["ema"] = _module(info, info.get("ema_state_dict"), ema=True)
+    ckpt["source"] = info["source"]
     return ckpt
 
 
 def check_resumable(ckpt: dict, path: str | Path) -> None:
     """A checkpoint ``resume`` can continue: written by a yolofast Trainer, with the full training state."""
-    missing = [k for k in RESUME_KEYS if k not in ckpt]
+    missing = [k for k in RESUME_KEYS if k not in ckpt or (k in ("model", "ema") and ckpt[k] is None)]
     if missing:
-        foreign = "version" not in ckpt or "train_args" not in ckpt
+        foreign = ckpt.get("source") not in (None, "yolofast") or "train_args" not in ckpt
         what = ("written by another tool (e.g. Ultralytics), not by the yolofast Trainer" if foreign
                 else "a yolofast checkpoint without the training state")
         raise CheckpointError(f"resume: '{path}' is {what}: missing {', '.join(missing)}. Start a new run "
@@ -124,7 +164,9 @@ def rng_state(generators: dict | None = None) -> dict:
 
 def set_rng_state(state: dict, generators: dict | None = None) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    kind, keys, *rest = state["numpy"]  # keys: a uint32 array, stored as a tensor so weights_only reads it
+    np.random.set_state((kind, np.asarray(keys.numpy() if isinstance(keys, torch.Tensor) else keys,
+                                          dtype=np.uint32), *rest))
     torch.set_rng_state(state["torch"].cpu())
     if state.get("cuda") and torch.cuda.is_available():
         torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])

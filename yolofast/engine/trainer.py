@@ -275,19 +275,7 @@ class Trainer:
                 raise CfgError(f"the given model predicts {model.nc} classes but data '{self.args.data}' has "
                                f"nc={nc}; build it with build_model(cfg, nc={nc})")
         elif isinstance(cfg, (str, Path)) and str(cfg).endswith(".pt"):
-            if not Path(cfg).is_file():
-                raise CfgError(f"model={cfg!r}: checkpoint not found (yolofast downloads no weights; use "
-                               f"'yolov8n' to train from scratch or a path to a yolofast .pt)")
-            src = ckpt_io.load_checkpoint(cfg)
-            src = (src["ema"] if src.get("ema") is not None else src["model"]).float()
-            if getattr(src, "nc", None) == nc:
-                model = src
-            else:  # other classes: same architecture, copy every tensor whose shape still matches
-                model = build_model(getattr(src, "yaml", "yolov8n"), nc=nc)
-                own = model.state_dict()
-                same = {k: v for k, v in src.state_dict().items() if k in own and own[k].shape == v.shape}
-                model.load_state_dict(same, strict=False)
-                self.log(f"Transferred {len(same)}/{len(own)} tensors from {cfg}")
+            model = self._model_from_weights(cfg, nc, names)
         else:
             model = build_model(cfg, nc=nc, verbose=self.args.verbose and is_main_process())
         if weights is not None:
@@ -295,6 +283,28 @@ class Trainer:
         model.names = names
         for n, p in model.named_parameters():  # the DFL's fixed 0..15 bin weights stay frozen (DDP needs
             p.requires_grad_(".dfl." not in n)  # every trainable parameter to get a gradient)
+        return model
+
+    def _model_from_weights(self, path, nc: int, names: dict) -> nn.Module:
+        """A fresh model of the checkpoint's architecture for the data's classes, started from its weights
+        (yolofast's or Ultralytics' .pt, read safely); class rows are carried over by class name."""
+        from yolofast.io import read_checkpoint
+        from yolofast.io.transfer import transfer_weights
+        from yolofast.nn import build_model
+
+        if not Path(path).is_file():
+            raise CfgError(f"model={str(path)!r}: checkpoint not found (yolofast downloads no weights; use "
+                           f"'yolov8n' to train from scratch or a path to a yolofast or Ultralytics .pt)")
+        src = read_checkpoint(path)
+        if src["cfg"] is None:
+            raise CfgError(f"model={str(path)!r} holds a custom {src['arch']} without a model config; pass "
+                           f"the module itself (Trainer(model=module)) with its weights loaded")
+        model = build_model(src["cfg"], nc=nc)
+        names = dict(enumerate(names)) if isinstance(names, (list, tuple)) else dict(names)
+        names = {int(k): str(v) for k, v in names.items()}
+        n = transfer_weights(model, src["state_dict"], src["names"], names)
+        self.log(f"Transferred {n['tensors']}/{n['total']} tensors, {n['rows']}/{n['classes']} class rows "
+                 f"from {path} ({src['source']} {src['arch']}, {src['nc']} classes)")
         return model
 
     def get_dataloader(self, img_path, batch_size: int = 16, mode: str = "train"):

@@ -46,7 +46,8 @@ def check_model(model, model_obj=None) -> None:
         return
     if s.endswith(".pt"):
         raise CfgError(f"model={s!r}: checkpoint not found (yolofast downloads no weights); use one of "
-                       f"{', '.join(MODEL_NAMES)} to train from scratch or a path to a yolofast .pt")
+                       f"{', '.join(MODEL_NAMES)} to train from scratch or a path to a yolofast or "
+                       f"Ultralytics .pt")
     if s.endswith((".yaml", ".yml")):
         builtin = Path(__file__).resolve().parents[1] / "nn" / "cfg" / Path(s).name
         if builtin.is_file():

@@ -11,6 +11,14 @@ detections per image) so mAP50 and mAP50-95 agree with it on the same prediction
   classes without any GT are left out of the means.
 P and R are reported the Ultralytics way: per-class curves over confidence (IoU 0.5), taken at the
 confidence where the (smoothed) mean F1 over classes is largest.
+
+``convention="ultralytics"`` reproduces Ultralytics 8.4's own numbers instead (its val prints them):
+- matching by *IoU*: per threshold, every (detection, GT) pair of the same class with IoU >= t is a
+  candidate; candidates are ranked by decreasing IoU and each detection keeps its best pair; then each GT
+  keeps, of the pairs left, the one of the first detection in input order (decreasing confidence). A
+  detection whose best GT went to another one is a false positive even when a second GT would fit it;
+- AP = trapezoid integral over the 101 recall points of the precision envelope, with the curve extended
+  to (recall 0, precision 1) and (recall 1, precision 0), instead of COCO's mean of the 101 samples.
 """
 
 from __future__ import annotations
@@ -19,8 +27,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+CONVENTIONS = ("coco", "ultralytics")
 IOU_THRESHOLDS = np.linspace(0.5, 0.95, 10)  # same values as COCOeval's params.iouThrs
 REC_THRESHOLDS = np.linspace(0.0, 1.0, 101)  # same values as COCOeval's params.recThrs
+_trapezoid = getattr(np, "trapezoid", None) or np.trapz  # numpy < 2.0 has only the older name
 
 
 def _numpy(x, dtype=np.float64):
@@ -42,12 +52,23 @@ def box_iou_np(a, b) -> np.ndarray:
         return np.where(union > 0, inter / union, 0.0)
 
 
-def match_predictions(pred_boxes, pred_conf, pred_cls, gt_boxes, gt_cls, iouv=IOU_THRESHOLDS) -> np.ndarray:
+def check_convention(convention: str) -> str:
+    if convention not in CONVENTIONS:
+        raise ValueError(f"map_convention={convention!r}: use 'coco' (pycocotools' matching and AP, the "
+                         "default) or 'ultralytics' (to reproduce an Ultralytics 8.4 val number)")
+    return convention
+
+
+def match_predictions(pred_boxes, pred_conf, pred_cls, gt_boxes, gt_cls, iouv=IOU_THRESHOLDS,
+                      convention: str = "coco") -> np.ndarray:
     """True-positive flags (n, T) of one image's n detections at each IoU threshold in ``iouv``.
 
     pred_boxes (n, 4) and gt_boxes (m, 4) xyxy in the same units; pred_conf (n,); pred_cls (n,), gt_cls (m,)
-    class ids. Accepts numpy arrays or torch tensors. Row order = the input order.
+    class ids. Accepts numpy arrays or torch tensors. Row order = the input order. convention: "coco"
+    (greedy by confidence, as pycocotools) or "ultralytics" (greedy by IoU, see the module docstring).
     """
+    if check_convention(convention) == "ultralytics":
+        return _match_by_iou(pred_boxes, pred_cls, gt_boxes, gt_cls, iouv)
     iouv = _numpy(iouv).ravel()
     pred_cls, gt_cls = _numpy(pred_cls, np.int64).ravel(), _numpy(gt_cls, np.int64).ravel()
     n, m, t = len(pred_cls), len(gt_cls), len(iouv)
@@ -71,6 +92,27 @@ def match_predictions(pred_boxes, pred_conf, pred_cls, gt_boxes, gt_cls, iouv=IO
     return tp
 
 
+def _match_by_iou(pred_boxes, pred_cls, gt_boxes, gt_cls, iouv) -> np.ndarray:
+    iouv = _numpy(iouv).ravel()
+    pred_cls, gt_cls = _numpy(pred_cls, np.int64).ravel(), _numpy(gt_cls, np.int64).ravel()
+    tp = np.zeros((len(pred_cls), len(iouv)), dtype=bool)
+    if len(pred_cls) == 0 or len(gt_cls) == 0:
+        return tp
+    iou = box_iou_np(pred_boxes, gt_boxes)
+    iou[pred_cls[:, None] != gt_cls[None, :]] = 0.0
+    for j, t in enumerate(iouv):
+        d, g = np.nonzero(iou >= t)
+        if not len(d):
+            continue
+        order = np.argsort(-iou[d, g], kind="stable")
+        d, g = d[order], g[order]
+        first = np.unique(d, return_index=True)[1]  # np.unique's index is each value's first occurrence
+        d, g = d[first], g[first]  # now in detection order (= decreasing conf), not IoU order
+        first = np.unique(g, return_index=True)[1]
+        tp[d[first], j] = True
+    return tp
+
+
 def _smooth(y: np.ndarray, fraction: float = 0.1) -> np.ndarray:
     """Box filter over ``fraction`` of the points (101 of 1000), edges padded with the end values."""
     k = round(len(y) * fraction * 2) // 2 + 1
@@ -87,6 +129,19 @@ def coco_ap(recall: np.ndarray, precision: np.ndarray) -> np.ndarray:
         idx = np.searchsorted(recall[:, j], REC_THRESHOLDS, side="left")
         valid = idx < len(recall)  # recall points never reached count as precision 0
         ap[j] = envelope[idx[valid], j].sum() / len(REC_THRESHOLDS)
+    return ap
+
+
+def ultralytics_ap(recall: np.ndarray, precision: np.ndarray) -> np.ndarray:
+    """Ultralytics' AP from cumulative recall/precision (n, T): the envelope of the curve extended to
+    (0, 1) and (1, 0), sampled at the 101 recall points and integrated with the trapezoid rule -> (T,)."""
+    recall, precision = np.atleast_2d(recall.T).T, np.atleast_2d(precision.T).T
+    ap = np.zeros(recall.shape[1])
+    for j in range(recall.shape[1]):
+        mrec = np.concatenate(([0.0], recall[:, j], [1.0]))
+        mpre = np.concatenate(([1.0], precision[:, j], [0.0]))
+        mpre = np.maximum.accumulate(mpre[::-1])[::-1]
+        ap[j] = _trapezoid(np.interp(REC_THRESHOLDS, mrec, mpre), REC_THRESHOLDS)
     return ap
 
 
@@ -146,8 +201,9 @@ class APResult:
         }
 
 
-def ap_per_class(tp, conf, pred_cls, target_cls, eps: float = 1e-16) -> APResult:
-    """AP, P, R per class over a whole data set.
+def ap_per_class(tp, conf, pred_cls, target_cls, eps: float = 1e-16, convention: str = "coco") -> APResult:
+    """AP, P, R per class over a whole data set (AP integrated as ``convention`` says: "coco" or
+    "ultralytics", see the module docstring).
 
     tp (n, T) bool: match flags of every detection (``match_predictions``), a 1-D array means T = 1;
     conf (n,), pred_cls (n,): the detections' confidence and class; target_cls (N,): class of every GT.
@@ -161,6 +217,7 @@ def ap_per_class(tp, conf, pred_cls, target_cls, eps: float = 1e-16) -> APResult
         raise ValueError(
             f"ap_per_class: tp, conf, pred_cls lengths differ: {len(tp)}, {len(conf)}, {len(pred_cls)}"
         )
+    integrate = ultralytics_ap if check_convention(convention) == "ultralytics" else coco_ap
     order = np.argsort(-conf, kind="stable")
     tp, conf, pred_cls = tp[order], conf[order], pred_cls[order]
 
@@ -176,7 +233,7 @@ def ap_per_class(tp, conf, pred_cls, target_cls, eps: float = 1e-16) -> APResult
         fpc = (~tp[sel]).cumsum(0)
         recall = tpc / nt[ci]
         precision = tpc / (tpc + fpc)
-        all_ap[ci] = coco_ap(recall, precision)
+        all_ap[ci] = integrate(recall, precision)
         # Curves over the conf grid at IoU 0.5; conf is decreasing so -conf is the increasing xp np.interp
         # needs. Above the highest conf nothing is detected: recall 0, precision 1.
         r_curve[ci] = np.interp(-px, -conf[sel], recall[:, 0], left=0)

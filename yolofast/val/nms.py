@@ -16,13 +16,16 @@ def non_max_suppression(
     max_nms: int = 30000,
     max_wh: int = 7680,
     multi_label: bool = False,
+    classes=None,
+    agnostic: bool = False,
 ):
     """NMS per image and per class.
 
     pred: (B, 4 + nc, A) decoded head output -- (cx, cy, w, h) in pixels, then nc class scores in [0, 1]
     (a tuple/list whose first element is that tensor is accepted too).
     A candidate is an (anchor, class) pair with score > ``conf``: only the best class of each anchor, or
-    every class above ``conf`` when ``multi_label``. At most ``max_nms`` candidates (highest scores) enter
+    every class above ``conf`` when ``multi_label``; ``classes`` (ids) keeps only those classes (before NMS);
+    ``agnostic`` suppresses across classes. At most ``max_nms`` candidates (highest scores) enter
     NMS, at most ``max_det`` survivors are kept.
     Returns a list of B tensors (n, 6) ``[x1, y1, x2, y2, conf, cls]`` sorted by decreasing conf, in pred's
     dtype and device.
@@ -50,12 +53,14 @@ def non_max_suppression(
         else:
             best, j = scores.max(1, keepdim=True)  # every row passes: its max is above conf by construction
             det = torch.cat((boxes, best, j.to(x.dtype)), 1)
+        if classes is not None:
+            det = det[(det[:, 5:6] == det.new_tensor(list(classes)).view(1, -1)).any(1)]
         if det.shape[0] > max_nms:
             det = det[det[:, 4].topk(max_nms).indices]
         # Offset trick: shifting each class by cls * max_wh (7680 px > any image side) puts classes in
         # disjoint regions, so one class-agnostic NMS call is class-aware. Done in fp32 because
         # 79 * 7680 = 606,720 overflows fp16 (max 65,504).
-        shifted = det[:, :4].float() + det[:, 5:6].float() * max_wh
+        shifted = det[:, :4].float() + det[:, 5:6].float() * (0 if agnostic else max_wh)
         keep = torchvision.ops.nms(shifted, det[:, 4].float(), iou)[:max_det]  # sorted by decreasing score
         out.append(det[keep])
     return out

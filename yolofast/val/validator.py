@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from pathlib import Path
 
 import numpy as np
@@ -11,8 +12,9 @@ from torch import nn
 from tqdm import tqdm
 
 from yolofast.boxes import xywh2xyxy
-from yolofast.val.metrics import IOU_THRESHOLDS, APResult, ap_per_class, match_predictions
+from yolofast.val.metrics import IOU_THRESHOLDS, APResult, ap_per_class, check_convention, match_predictions
 from yolofast.val.nms import non_max_suppression
+from yolofast.val.results import DetMetrics
 
 LOSS_KEYS = ("val/box_loss", "val/cls_loss", "val/dfl_loss")
 
@@ -45,7 +47,10 @@ class Validator:
     ``cls``, ``bboxes`` normalized xywh of the letterboxed image, ...); names: dict class id -> name.
     loss: optional ``DetectionLoss``-like callable ``loss(feats, batch) -> (total, items (3,))``; its items
     are averaged over batches. half: run the model under autocast (fp16 on CUDA, bf16 on CPU) without
-    changing its weights. The model must already be on ``device``.
+    changing its weights. The model must already be on ``device``. map_convention: "coco" (pycocotools'
+    matching and AP, the default) or "ultralytics" (Ultralytics 8.4's, to reproduce its numbers; its NMS
+    also keeps every class above ``conf`` per box, and the images get the extra half-stride grey border of
+    its rect val batches, as Ultralytics' val does), see ``yolofast.val.metrics``.
     ``validator(model)`` returns the dict of common.md; the last result is also kept in ``self.result``.
     """
 
@@ -61,6 +66,7 @@ class Validator:
         half: bool = False,
         verbose: bool = False,
         progress: bool = True,
+        map_convention: str = "coco",
     ):
         self.dataloader = dataloader
         self.names = dict(enumerate(names)) if isinstance(names, (list, tuple)) else dict(names)
@@ -70,8 +76,10 @@ class Validator:
         self.half = half
         self.verbose = verbose
         self.progress = progress
+        self.map_convention = check_convention(map_convention)
         self.result: APResult | None = None
         self.seen = 0
+        self.speed: dict[str, float] = {}  # ms per image of the last run, per stage
 
     def _autocast(self):
         if not self.half:
@@ -101,6 +109,8 @@ class Validator:
         stats = {"tp": [], "conf": [], "pred_cls": [], "target_cls": []}
         loss_sum = torch.zeros(3, device=self.device)
         n_batches, self.seen = 0, 0
+        self.speed = {"preprocess": 0.0, "inference": 0.0, "loss": 0.0, "postprocess": 0.0}  # s, then ms/img
+        clock = time.perf_counter
         self.images_per_class: dict[int, int] = {}
         bar = tqdm(
             self.dataloader,
@@ -110,23 +120,40 @@ class Validator:
         )
         for batch in bar:
             n_batches += 1
+            t0 = clock()
             img = batch["img"].to(self.device, non_blocking=True).float() / 255
+            border = self._border(model)
+            if border:
+                img = torch.nn.functional.pad(img, (border,) * 4, value=114 / 255)
+            t1 = clock()
             with self._autocast():
                 feats = model.forward_feats(img)
             feats = [f.float() for f in feats]  # loss and box decoding in fp32 (pixel coords up to 640+)
+            t2 = clock()
             if self.loss is not None:
                 items = self.loss(feats, self._targets_to_device(batch))[1]
                 loss_sum += items.detach().float().to(self.device)
-            dets = non_max_suppression(model.decode(feats), self.conf, self.iou, self.max_det)
-            self._update_stats(stats, dets, batch, img.shape[2], img.shape[3])
+            t3 = clock()
+            dets = non_max_suppression(model.decode(feats), self.conf, self.iou, self.max_det,
+                                       multi_label=self.map_convention == "ultralytics")
+            h, w = img.shape[2] - 2 * border, img.shape[3] - 2 * border
+            for d in dets if self.map_convention == "ultralytics" else ():
+                # back to the letterboxed image and clipped to it, as Ultralytics clips to the image
+                d[:, [0, 2]] = (d[:, [0, 2]] - border).clamp(0, w)
+                d[:, [1, 3]] = (d[:, [1, 3]] - border).clamp(0, h)
+            self._update_stats(stats, dets, batch, h, w)
+            for k, dt in zip(self.speed, (t1 - t0, t2 - t1, t3 - t2, clock() - t3)):
+                self.speed[k] += dt
         bar.close()
+        self.speed = {k: 1000 * v / max(self.seen, 1) for k, v in self.speed.items()}
 
         if stats["tp"]:
             cat = {k: np.concatenate(v, 0) for k, v in stats.items()}
         else:
             cat = {"tp": np.zeros((0, len(IOU_THRESHOLDS)), bool), "conf": [], "pred_cls": []}
             cat["target_cls"] = []
-        self.result = ap_per_class(cat["tp"], cat["conf"], cat["pred_cls"], cat["target_cls"])
+        self.result = ap_per_class(cat["tp"], cat["conf"], cat["pred_cls"], cat["target_cls"],
+                                   convention=self.map_convention)
         out = self.result.results_dict()
         if self.loss is not None:
             items = (loss_sum / max(n_batches, 1)).cpu().tolist()
@@ -134,6 +161,16 @@ class Validator:
         if self.verbose:
             self.print_results()
         return out
+
+    def _border(self, model) -> int:
+        """Ultralytics validates in rect batches padded by half a stride (its pad=0.5): a 224 x 224 image at
+        imgsz 224 runs at 256 x 256, which changes its detections (on rect3 mAP50-95 0.171 -> 0.184 with
+        the same matching). The grey border of half the largest stride reproduces that for square images;
+        Ultralytics' aspect-ratio batches of non-square images are not reproduced."""
+        if self.map_convention != "ultralytics":
+            return 0
+        stride = getattr(model, "stride", None)
+        return int(stride.max().item() if torch.is_tensor(stride) else (max(stride) if stride else 32)) // 2
 
     def _targets_to_device(self, batch) -> dict:
         # The loss reads the targets on the feats' device; "img" is not needed again, so it is not copied.
@@ -149,7 +186,8 @@ class Validator:
             keep = batch_idx == si
             gt_cls, gt_box = gt_cls_all[keep], gt_box_all[keep]
             det = det.detach().float().cpu()
-            tp = match_predictions(det[:, :4], det[:, 4], det[:, 5], gt_box, gt_cls)
+            tp = match_predictions(det[:, :4], det[:, 4], det[:, 5], gt_box, gt_cls,
+                                   convention=self.map_convention)
             stats["tp"].append(tp)
             stats["conf"].append(det[:, 4].numpy())
             stats["pred_cls"].append(det[:, 5].numpy())
@@ -180,8 +218,9 @@ def load_model(weights_or_model) -> nn.Module:
         path = Path(obj)
         if not path.is_file():
             raise FileNotFoundError(f"validate: weights file '{path}' not found")
-        # weights_only=False: yolofast checkpoints pickle the whole module (trusted local files only).
-        obj = torch.load(path, map_location="cpu", weights_only=False)
+        from yolofast.engine.checkpoint import load_checkpoint
+
+        obj = load_checkpoint(path)  # yolofast's or Ultralytics' files, read without running pickle code
         loaded = True
     else:
         loaded = False
@@ -215,8 +254,13 @@ def validate(
     workers: int = 0,
     half: bool = False,
     verbose: bool = True,
-) -> dict:
-    """Validate a model or checkpoint on the ``val`` split of a data yaml (``yolofast val``)."""
+    map_convention: str = "coco",
+) -> DetMetrics:
+    """Validate a model or checkpoint on the ``val`` split of a data yaml (``yolofast val``).
+
+    Returns a ``DetMetrics``: the Validator's dict plus ``.box.map`` and the other Ultralytics attributes.
+    map_convention: "coco" (pycocotools' matching and AP) or "ultralytics" (reproduces Ultralytics 8.4).
+    """
     from yolofast.data import build_dataloader, build_dataset, check_data
 
     model = load_model(weights_or_model)
@@ -244,5 +288,7 @@ def validate(
         half=half,
         verbose=verbose,
         progress=verbose,
+        map_convention=map_convention,
     )
-    return validator(model)
+    values = validator(model)
+    return DetMetrics(values, validator.result, int(info["nc"]), validator.speed)

@@ -1,0 +1,55 @@
+"""Start a model from a checkpoint's weights when the data has other classes (fine-tuning).
+
+Every tensor whose name and shape match is copied. The head's class rows (the last conv of each ``cv3``
+branch: one weight row and one bias entry per class) are matched by class name, as Ultralytics 8.4 does
+with ``cls_remap=True``: a class of the new data that the checkpoint also knows gets its rows, the others
+keep their fresh initialisation (the prior bias of ``Detect.bias_init``).
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from torch import nn
+
+__all__ = ["transfer_weights", "class_row_keys"]
+
+
+def class_row_keys(model: nn.Module) -> list[str]:
+    """State-dict names of the head's per-class tensors (the last conv of each cv3 branch)."""
+    head = f"model.{len(model.model) - 1}."
+    pat = re.compile(rf"^{re.escape(head)}cv3\.\d+\.2\.(weight|bias)$")
+    return [k for k in model.state_dict() if pat.match(k)]
+
+
+@torch.no_grad()
+def transfer_weights(model: nn.Module, src: dict[str, torch.Tensor], src_names: dict[int, str],
+                     dst_names: dict[int, str]) -> dict:
+    """Copy ``src`` into ``model`` (see the module docstring). Returns counts for the log:
+    ``tensors``/``total`` (fully copied / all tensors of ``model``), ``rows``/``classes`` (classes of the new
+    data whose rows came from ``src``) and ``matched`` (their names)."""
+    own = model.state_dict()
+    rows = set(class_row_keys(model))
+    by_name = {v: k for k, v in src_names.items()}
+    pairs = [(j, by_name[n]) for j, n in sorted(dst_names.items()) if n in by_name]  # (new index, old index)
+    same_classes = dict(src_names) == dict(dst_names)
+    copied = 0
+    for k, v in own.items():
+        s = src.get(k)
+        if s is None:
+            continue
+        if k in rows and not same_classes:
+            if s.shape[1:] != v.shape[1:]:
+                continue  # a narrower/wider class branch: nothing lines up
+            for j, i in pairs:
+                v[j].copy_(s[i])
+        elif s.shape == v.shape:
+            v.copy_(s)
+            copied += 1
+    matched = [dst_names[j] for j, _ in pairs] if not same_classes else list(dst_names.values())
+    if not same_classes and any(src.get(k) is not None and src[k].shape[1:] != own[k].shape[1:]
+                                for k in rows):
+        matched = []
+    return {"tensors": copied, "total": len(own), "rows": len(matched), "classes": len(dst_names),
+            "matched": matched}
