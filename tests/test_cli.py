@@ -37,6 +37,11 @@ def test_parse_values():
     assert got == {"epochs": 3, "lr0": 1e-3, "amp": False, "name": None, "data": "a.yaml", "cos_lr": True}
 
 
+def test_non_finite_words_stay_strings():
+    # float() reads "nan"/"inf"; a run folder called name=nan must stay a name (numeric keys still convert)
+    assert cli.parse_args(["name=nan", "project=inf"]) == {"name": "nan", "project": "inf"}
+
+
 @pytest.mark.parametrize("argv,needle", [
     (["train", "epoch=3"], "did you mean 'epochs'"),
     (["train", "epochs"], "not key=value"),

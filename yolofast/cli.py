@@ -12,6 +12,7 @@ Bad keys, values or data print one line ``yolofast: error: ...`` and exit with c
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import sys
@@ -52,9 +53,13 @@ def _parse_value(v: str):
         return None
     for cast in (int, float):  # before YAML: PyYAML reads "1e-3" as a string
         try:
-            return cast(v)
+            out = cast(v)
         except ValueError:
-            pass
+            continue
+        # float() also reads "nan"/"inf": those stay strings (a run called name=nan), numeric keys still
+        # convert them when their type asks for a float.
+        if math.isfinite(out):
+            return out
     try:
         out = yaml.safe_load(v)
     except yaml.YAMLError:
