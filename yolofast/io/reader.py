@@ -79,8 +79,11 @@ def to_plain(obj):
     return obj
 
 
-def stub_state_dict(mod: Stub, prefix: str = "") -> dict[str, torch.Tensor]:
+def stub_state_dict(mod: Stub, prefix: str = "", _depth: int = 0) -> dict[str, torch.Tensor]:
     """What ``nn.Module.state_dict()`` would give for the pickled module ``mod`` (its stub)."""
+    if _depth > 64:  # YOLOv8 nests 5 deep; a crafted file can make a module its own child
+        raise CheckpointError(f"its module tree is deeper than 64 levels (at '{prefix[:60]}...'): a "
+                              f"malformed checkpoint")
     d = vars(mod)
     out = {}
     for k, v in (d.get("_parameters") or {}).items():
@@ -92,7 +95,7 @@ def stub_state_dict(mod: Stub, prefix: str = "") -> dict[str, torch.Tensor]:
             out[prefix + k] = v
     for k, m in (d.get("_modules") or {}).items():
         if isinstance(m, Stub):
-            out.update(stub_state_dict(m, f"{prefix}{k}."))
+            out.update(stub_state_dict(m, f"{prefix}{k}.", _depth + 1))
     return out
 
 
@@ -102,9 +105,12 @@ def _fp32(sd: dict) -> dict[str, torch.Tensor]:
 
 
 def _classes(mod: Stub) -> list[str]:
-    seen, stack = [], [mod]
+    seen, stack, visited = [], [mod], set()
     while stack:
         m = stack.pop()
+        if id(m) in visited:  # a crafted cycle must not loop forever
+            continue
+        visited.add(id(m))
         name = stub_name(m)
         if name not in seen:
             seen.append(name)
@@ -266,7 +272,14 @@ def read_checkpoint(path: str | Path, map_location="cpu") -> dict:
         keys = f" with keys {', '.join(map(str, list(ckpt)[:8]))}" if isinstance(ckpt, dict) else ""
         raise CheckpointError(f"'{path}' is not a model checkpoint (expected a dict with 'model'/'ema', "
                               f"got {type(ckpt).__name__}{keys})")
-    info = _from_tensors(path, ckpt) if ckpt.get("format") == FORMAT else _from_pickled_model(path, ckpt)
+    try:
+        info = _from_tensors(path, ckpt) if ckpt.get("format") == FORMAT else _from_pickled_model(path, ckpt)
+    except CheckpointError as e:
+        if str(path) in str(e):
+            raise
+        raise type(e)(f"checkpoint '{path}': {e}") from None
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:  # well-formed pickle, odd data
+        raise CheckpointError(f"checkpoint '{path}' is malformed: {type(e).__name__}: {str(e)[:200]}") from e
     from yolofast.nn.model import _load_cfg
 
     cfg = info["cfg"]
