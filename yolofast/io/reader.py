@@ -13,6 +13,7 @@ pickle runs and Ultralytics is never imported; its modules arrive as inert stubs
 from __future__ import annotations
 
 import copy
+import os
 import pickle
 from pathlib import Path
 
@@ -47,6 +48,9 @@ SUPPORTED = ("YOLOv8 detection (n/s/m/l/x: DetectionModel with a Detect head ove
 def load_pickle(path: Path, map_location="cpu"):
     """torch.load through the restricted unpickler; every failure is a CheckpointError naming the file."""
     try:
+        if os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "0").lower() in ("1", "y", "yes", "true"):
+            # torch then refuses any pickle_module; its own loader still reads yolofast's current files
+            return torch.load(path, map_location=map_location, weights_only=True)
         return torch.load(path, map_location=map_location, pickle_module=safe_pickle, weights_only=False)
     except CheckpointError as e:
         raise type(e)(f"'{path}': {e}") from None
