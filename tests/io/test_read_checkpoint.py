@@ -108,3 +108,12 @@ def test_new_yolofast_checkpoint_reads_with_weights_only(tmp_path):
     set_rng_state(ck["rng"], {"loader": gen})
     assert np.array_equal(np.random.random(3), want)
     assert read_checkpoint(path)["source"] == "yolofast"
+
+
+def test_forced_weights_only_env_still_reads_yolofast_files(tmp_path, monkeypatch):
+    from yolofast.engine.checkpoint import save_checkpoint
+
+    model = build_model(TINY, nc=1)
+    path = save_checkpoint({"epoch": 0, "model": model, "ema": None}, tmp_path / "w.pt")
+    monkeypatch.setenv("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "1")
+    assert read_checkpoint(path)["nc"] == 1

@@ -102,3 +102,18 @@ def test_unsupported_architectures_are_named(tmp_path, top, layers, head, yaml_f
     with pytest.raises(UnsupportedCheckpointError):
         model_from_checkpoint(path)
     assert "ultralytics" not in sys.modules
+
+
+def test_a_module_that_contains_itself_is_refused(tmp_path):
+    from crafted import fake_ultralytics
+
+    with fake_ultralytics({"ultralytics.nn.tasks": ["DetectionModel"],
+                           "ultralytics.nn.modules.head": ["Detect"]}) as c:
+        model, head = c["DetectionModel"](), c["Detect"]()
+        model.model = torch.nn.Sequential(head)
+        head._modules["loop"] = model  # a cycle nn.Module itself would never build
+        model.yaml, model.names = {"backbone": [], "head": []}, {0: "a"}
+        head.nc = 1
+        torch.save({"model": model, "ema": None}, tmp_path / "loop.pt")
+    with pytest.raises(CheckpointError, match="loop.pt"):
+        read_checkpoint(tmp_path / "loop.pt")

@@ -3,17 +3,18 @@
 import copy
 
 import pytest
+import torch
 
 from yolofast import YOLO, Trainer
 from yolofast.cfg import CfgError
 from yolofast.data import make_shapes
+from yolofast.io import FORMAT
 from yolofast.nn import YOLOV8
 
 TINY = {k: v for k, v in copy.deepcopy(YOLOV8).items() if k != "scales"}
 TINY.update(depth_multiple=0.33, width_multiple=0.125, max_channels=256)
 
 
-@pytest.mark.slow  # four short runs of a tiny model: ~100 s on the shared 2-core CPU
 def test_yolo_resume_continues_that_run(tmp_path):
     data = str(make_shapes(root=tmp_path / "s", n_train=4, n_val=2, imgsz=64))
     recipe = dict(model=TINY, data=data, epochs=2, imgsz=64, batch=2, workers=0, plots=False, verbose=False,
@@ -28,6 +29,10 @@ def test_yolo_resume_continues_that_run(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         t.train()
     last = t.last
+    # what the trainer writes is data only: torch's own safe loader reads it (RNG, optimizer, metrics...)
+    raw = torch.load(last, weights_only=True)
+    assert raw["format"] == FORMAT and raw["epoch"] == 0 and isinstance(raw["model"], dict)
+    assert {"rng", "optimizer", "scaler", "scheduler", "train_args", "model_cfg"} <= set(raw)
     Trainer(name="newer", **{**recipe, "epochs": 1}).train()  # the newest last.pt is not the one we resume
 
     y = YOLO(last)

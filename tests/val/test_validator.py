@@ -136,15 +136,25 @@ def test_model_on_other_device_is_refused():
 
 
 def test_load_model_accepts_checkpoint_forms(tmp_path):
+    from yolofast.nn import YOLOV8 as YOLOV8_ROWS
+
     m = nn.Linear(2, 2)
     assert load_model(m) is m
     assert load_model({"ema": m, "model": None}) is m
     assert load_model({"ema": None, "model": m}) is m
-    # A path goes through the safe reader: a pickled module that is not a YOLOv8 detector is refused
-    # by name (nothing in the pickle runs); real checkpoints are tested in test_model_api.py.
-    torch.save({"ema": m.half(), "epoch": 3}, tmp_path / "last.pt")
-    with pytest.raises(ValueError, match="torch.nn.modules.linear.Linear"):
-        load_model(tmp_path / "last.pt")
+    # a path is read safely (no pickle code runs): a detection model comes back fp32, any other pickled
+    # module is refused by name
+    from yolofast.io import CheckpointError
+    from yolofast.nn import build_model
+
+    det = build_model({"nc": 1, "depth_multiple": 0.33, "width_multiple": 0.125, "max_channels": 256,
+                       "backbone": YOLOV8_ROWS["backbone"], "head": YOLOV8_ROWS["head"]})
+    torch.save({"ema": det.half(), "epoch": 3}, tmp_path / "last.pt")
+    loaded = load_model(tmp_path / "last.pt")
+    assert loaded.nc == 1 and next(loaded.parameters()).dtype == torch.float32
+    torch.save({"ema": m, "epoch": 3}, tmp_path / "linear.pt")
+    with pytest.raises(CheckpointError, match=r"linear\.pt.*torch\.nn\.modules\.linear\.Linear"):
+        load_model(tmp_path / "linear.pt")
     with pytest.raises(ValueError, match="'ema' or 'model'"):
         load_model({"optimizer": {}})
     with pytest.raises(TypeError, match="state_dict"):

@@ -13,6 +13,7 @@ pickle runs and Ultralytics is never imported; its modules arrive as inert stubs
 from __future__ import annotations
 
 import copy
+import os
 import pickle
 from pathlib import Path
 
@@ -47,6 +48,9 @@ SUPPORTED = ("YOLOv8 detection (n/s/m/l/x: DetectionModel with a Detect head ove
 def load_pickle(path: Path, map_location="cpu"):
     """torch.load through the restricted unpickler; every failure is a CheckpointError naming the file."""
     try:
+        if os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "0").lower() in ("1", "y", "yes", "true"):
+            # torch then refuses any pickle_module; its own loader still reads yolofast's current files
+            return torch.load(path, map_location=map_location, weights_only=True)
         return torch.load(path, map_location=map_location, pickle_module=safe_pickle, weights_only=False)
     except CheckpointError as e:
         raise type(e)(f"'{path}': {e}") from None
@@ -79,8 +83,11 @@ def to_plain(obj):
     return obj
 
 
-def stub_state_dict(mod: Stub, prefix: str = "") -> dict[str, torch.Tensor]:
+def stub_state_dict(mod: Stub, prefix: str = "", _depth: int = 0) -> dict[str, torch.Tensor]:
     """What ``nn.Module.state_dict()`` would give for the pickled module ``mod`` (its stub)."""
+    if _depth > 64:  # YOLOv8 nests 5 deep; a crafted file can make a module its own child
+        raise CheckpointError(f"its module tree is deeper than 64 levels (at '{prefix[:60]}...'): a "
+                              f"malformed checkpoint")
     d = vars(mod)
     out = {}
     for k, v in (d.get("_parameters") or {}).items():
@@ -92,7 +99,7 @@ def stub_state_dict(mod: Stub, prefix: str = "") -> dict[str, torch.Tensor]:
             out[prefix + k] = v
     for k, m in (d.get("_modules") or {}).items():
         if isinstance(m, Stub):
-            out.update(stub_state_dict(m, f"{prefix}{k}."))
+            out.update(stub_state_dict(m, f"{prefix}{k}.", _depth + 1))
     return out
 
 
@@ -102,9 +109,12 @@ def _fp32(sd: dict) -> dict[str, torch.Tensor]:
 
 
 def _classes(mod: Stub) -> list[str]:
-    seen, stack = [], [mod]
+    seen, stack, visited = [], [mod], set()
     while stack:
         m = stack.pop()
+        if id(m) in visited:  # a crafted cycle must not loop forever
+            continue
+        visited.add(id(m))
         name = stub_name(m)
         if name not in seen:
             seen.append(name)
@@ -266,7 +276,14 @@ def read_checkpoint(path: str | Path, map_location="cpu") -> dict:
         keys = f" with keys {', '.join(map(str, list(ckpt)[:8]))}" if isinstance(ckpt, dict) else ""
         raise CheckpointError(f"'{path}' is not a model checkpoint (expected a dict with 'model'/'ema', "
                               f"got {type(ckpt).__name__}{keys})")
-    info = _from_tensors(path, ckpt) if ckpt.get("format") == FORMAT else _from_pickled_model(path, ckpt)
+    try:
+        info = _from_tensors(path, ckpt) if ckpt.get("format") == FORMAT else _from_pickled_model(path, ckpt)
+    except CheckpointError as e:
+        if str(path) in str(e):
+            raise
+        raise type(e)(f"checkpoint '{path}': {e}") from None
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:  # well-formed pickle, odd data
+        raise CheckpointError(f"checkpoint '{path}' is malformed: {type(e).__name__}: {str(e)[:200]}") from e
     from yolofast.nn.model import _load_cfg
 
     cfg = info["cfg"]
