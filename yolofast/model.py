@@ -69,7 +69,7 @@ class YOLO:
         if kwargs.get("resume") is True and self.ckpt_path:
             # YOLO("run/weights/last.pt").train(resume=True) continues that run, not the newest under runs/
             kwargs["resume"] = self.ckpt_path
-        self.trainer = cls(model=src, **kwargs)
+        self.trainer = cls(model=src, _callbacks=getattr(self, "_callbacks", None), **kwargs)
         self.metrics = self.trainer.train()
         if self.trainer.best.exists():
             from yolofast.io import model_from_checkpoint, read_checkpoint

@@ -240,9 +240,12 @@ def test_module_and_checkpoint_as_model_and_yolo_subclass(shapes, tmp_path):
 
     y = YOLO(best)
     before = {k: v.clone() for k, v in y.model.state_dict().items()}
+    epochs_seen = []
+    y.add_callback("on_train_epoch_end", lambda trainer: epochs_seen.append(trainer.epoch))
     metrics = y.train(data=shapes, epochs=1, trainer=Counting, project=tmp_path, name="ft",
                       **{k: v for k, v in FAST.items() if k != "model"})
     assert calls and "fitness" in metrics  # the subclass' loss ran (train and val)
+    assert epochs_seen == [0]  # YOLO.add_callback reaches the trainer
     start = load_checkpoint(tmp_path / "ft/weights/last.pt")
     assert start["train_args"]["model"] == str(best)
     assert any(not torch.equal(before[k], v) for k, v in y.model.state_dict().items())

@@ -346,7 +346,8 @@ class Trainer:
 
         return Validator(self.val_loader, self.data["names"], conf=self.args.conf, iou=self.args.iou,
                          max_det=self.args.max_det, loss=self.criterion, device=self.device,
-                         half=self.amp_dtype is not None, progress=self.args.verbose and is_main_process())
+                         half=self.amp_dtype is not None, progress=self.args.verbose and is_main_process(),
+                         map_convention=self.args.map_convention)
 
     # ------------------------------------------------------------------ setup
     def log(self, msg: str) -> None:
