@@ -237,12 +237,20 @@ def cpu_flags() -> list[str]:
 def _check_arch_with_compiler(arch: str) -> None:
     """Asks the compiler whether it takes -march=arch (a fraction of a second), so that a typo is an error
     that names the variable instead of a compile failure in every source."""
-    try:
-        out = subprocess.run([_compiler(), f"-march={arch}", "-x", "c++", "-fsyntax-only", "-"], input="",
-                             capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        return  # no compiler: the build itself reports that
-    if out.returncode != 0:
+    if arch == "native":
+        return
+
+    def rejects(*flags: str) -> subprocess.CompletedProcess | None:
+        try:
+            out = subprocess.run([_compiler(), *flags, "-x", "c++", "-fsyntax-only", "-"], input="",
+                                 capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out if out.returncode != 0 else None
+
+    out = rejects(f"-march={arch}")
+    # A compiler that fails without -march too is missing or broken: the build itself reports that.
+    if out is not None and rejects() is None:
         raise CpuArchError(
             f"{CPU_ARCH_ENV}={arch!r}: the compiler {_compiler()} rejects -march={arch} "
             f"({_summarise(out.stderr)}); use native, x86-64-v3, x86-64-v4 or a name it lists in "
