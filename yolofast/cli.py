@@ -247,10 +247,11 @@ def main(argv=None) -> int:
         return 2
     from yolofast.data import DataError
     from yolofast.engine.recovery import NonFiniteLossError
+    from yolofast.ops._build import CpuArchError
 
     try:
         return COMMANDS[cmd](rest)
-    except (CfgError, UsageError, DataError, FileNotFoundError) as e:
+    except (CfgError, UsageError, DataError, FileNotFoundError, CpuArchError) as e:
         print(f"yolofast: error: {e}", file=sys.stderr)
         return 2
     except NonFiniteLossError as e:  # the run gave up after restoring; its message names the checkpoint
