@@ -32,13 +32,11 @@ DEFAULTS: dict = _load_defaults()
 
 # `yolofast train` with the shapes data (1000 train / 200 val images): a real yolov8n run sized so that a
 # 2-core CPU WITHOUT native bf16 (AVX2 only: fp32 there, bf16 would be emulated at ~0.1x) finishes in about
-# 5 minutes: 7 epochs at 192 px (~30 s an epoch in fp32 on 2 AVX2 cores, estimated from 21 s measured at
-# 160 px under AVX2 emulation; 20 s measured in bf16 on the AVX512-BF16 dev CPU). nbs=16 (no gradient
-# accumulation): 63 optimizer steps per epoch instead of 16, which a short run needs; warmup 1 epoch of 3
-# so the short run spends its steps learning; mosaic off for the last 3 epochs.
-# Each epoch is validated (~2 s at 160 px on 200 images). Earlier measurement, 15 epochs on the 2-core
-# AVX-512 + BF16 dev CPU: mAP50-95 passed 0.5 at epoch 6 (0.788 at 15, 4 min 59 s in bf16); the 15-epoch
-# run took 15 min 23 s in fp32 on a 2-core AMD EPYC (AVX2), hence the shorter schedule.
+# 5 minutes: 7 epochs at 192 px. Measured under AVX2 emulation on the 2-core dev CPU (fp32, x86-64-v3
+# build): 28-32 s an epoch with validation, mAP50-95 0.493 after epoch 6 and 0.542 after epoch 7.
+# nbs=16 (no gradient accumulation): 63 optimizer steps per epoch instead of 16, which a short run needs;
+# warmup 1 epoch of 3 so the short run spends its steps learning; mosaic off for the last 3 epochs. The
+# previous 15-epoch recipe took 15 min 23 s in fp32 on a 2-core AMD EPYC (AVX2), hence the shorter one.
 QUICKSTART: dict = {
     "epochs": 7,
     "imgsz": 192,
