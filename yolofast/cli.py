@@ -256,6 +256,11 @@ def cmd_info(argv) -> int:
     for kind in ("cpp", "cuda"):
         ok, why = _build.extension_status(kind)
         print(f"{kind} extension: {'loaded' if ok else 'not loaded'} ({why})")
+        if kind == "cpp" and ok:
+            from yolofast.ops import _library
+
+            print(f"cpp build: -march={_build.cpu_arch()} (set {_build.CPU_ARCH_ENV}, e.g. x86-64-v3 for "
+                  f"AVX2 CPUs), {_library.simd_lanes()} floats per SIMD vector")
     for dev in devices:
         print(f"\nbackends on {dev}:")
         for op, chosen, why in _backend.describe(dev):
@@ -324,10 +329,11 @@ def main(argv=None) -> int:
     from yolofast.data import DataError
     from yolofast.engine.distributed import PeerFailedError, is_main_process
     from yolofast.engine.recovery import NonFiniteLossError
+    from yolofast.ops._build import CpuArchError
 
     try:
         return COMMANDS[cmd](rest)
-    except (CfgError, UsageError, DataError, FileNotFoundError, ImportError) as e:
+    except (CfgError, UsageError, DataError, FileNotFoundError, ImportError, CpuArchError) as e:
         print(f"yolofast: error: {e}", file=sys.stderr)
         return 2
     except NonFiniteLossError as e:  # the run gave up after restoring; its message names the checkpoint

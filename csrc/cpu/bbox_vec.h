@@ -1,27 +1,10 @@
-// ATen's Vectorized<T> for the loss-path kernels, with the ISA taken from the compiler's target flags.
-//
-// Why the macros: at::vec picks its implementation from CPU_CAPABILITY_AVX512 / CPU_CAPABILITY_AVX2, which
-// torch's own build sets per dispatch variant and which a cpp_extension build does NOT set. Without them
-// Vectorized<float> is vec_base.h's generic 32-byte array with scalar loops: correct but at the mercy of
-// the auto-vectoriser (gcc 12 left the old class-loss loop scalar on an AVX2 CPU). Deriving them from
-// -march (__AVX512F__ ..., __AVX2__ + __FMA__) makes -march=native use zmm on an AVX-512 CPU and
-// -march=x86-64-v3 use ymm; on aarch64 vec.h picks its NEON (vec128) implementation by itself.
-// If the build already sets a CPU_CAPABILITY_* macro, it is respected.
+// ATen's Vectorized<T> for the loss-path kernels. The ISA (AVX2 / AVX-512 / NEON) is selected once, in
+// cpu_common.h, from what -march (YOLOFAST_CPU_ARCH) enables: without that selection Vectorized<float> is
+// vec_base.h's generic array with scalar loops, at the mercy of the auto-vectoriser (gcc 12 left the old
+// class-loss loop scalar on an AVX2 CPU).
 #pragma once
 
-#if !defined(CPU_CAPABILITY_AVX512) && !defined(CPU_CAPABILITY_AVX2) && !defined(CPU_CAPABILITY_DEFAULT)
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
-#define CPU_CAPABILITY_AVX512
-#ifndef CPU_CAPABILITY
-#define CPU_CAPABILITY AVX512
-#endif
-#elif defined(__AVX2__) && defined(__FMA__)
-#define CPU_CAPABILITY_AVX2
-#ifndef CPU_CAPABILITY
-#define CPU_CAPABILITY AVX2
-#endif
-#endif
-#endif
+#include "cpu_common.h"
 
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>

@@ -1,8 +1,31 @@
-// Helpers shared by the CPU kernels of yolofast: a thread probe (for the test that the kernels really run
-// on the threads torch has) and float exp/log1p that the compiler can vectorise.
+// Helpers shared by the CPU kernels of yolofast: explicit SIMD (ATen's Vectorized for the ISA the build
+// targets), a thread probe (for the test that the kernels really run on the threads torch has) and float
+// exp/log1p that the compiler can vectorise. Include this header before any other: see the SIMD note.
 #pragma once
 
+// SIMD: ATen's at::vec::Vectorized<T> (one source for AVX2, AVX-512 and NEON) picks its AVX2/AVX-512 code
+// with the macros CPU_CAPABILITY_AVX2 / CPU_CAPABILITY_AVX512, which ATen's own build sets for each of its
+// per-ISA kernel copies. An extension that does not set them gets the generic Vectorized (a plain array
+// that the optimiser may or may not vectorise). They are set here from what -march (YOLOFAST_CPU_ARCH,
+// yolofast/ops/_build.py) enables: x86-64-v3 -> AVX2 (8 floats), x86-64-v4 / native on an AVX-512 CPU ->
+// AVX-512 (16 floats); on aarch64 vec128 uses NEON from __aarch64__ alone (4 floats). The namespace stays
+// at::vec::CPU_CAPABILITY (the macro CPU_CAPABILITY is left undefined), which is none of libtorch's own
+// (DEFAULT, AVX2, AVX512), so no inline function of this library binds to a libtorch copy or vice versa.
+#if defined(VECTOR_WIDTH) && !defined(YOLOFAST_SIMD_SELECTED)
+#error "include cpu_common.h before any ATen/cpu/vec header: it selects the ISA of at::vec::Vectorized"
+#endif
+#define YOLOFAST_SIMD_SELECTED 1
+#if !defined(CPU_CAPABILITY_AVX2) && !defined(CPU_CAPABILITY_AVX512)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
+#define CPU_CAPABILITY_AVX512
+#elif defined(__AVX2__) && defined(__FMA__)
+#define CPU_CAPABILITY_AVX2
+#endif
+#endif
+
 #include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
 #include <atomic>
@@ -19,6 +42,10 @@ inline std::atomic<uint64_t>& threads_seen_mask() {
   static std::atomic<uint64_t> mask{0};
   return mask;
 }
+
+// Floats per SIMD register in this build (16 AVX-512, 8 AVX2, 4 NEON): the debug op yolofast::_simd_lanes
+// reports it so a test can check that a build for an ISA really uses that ISA's vectors.
+constexpr int64_t simd_float_lanes() { return at::vec::Vectorized<float>::size(); }
 
 // One relaxed atomic OR per parallel_for chunk: negligible next to a chunk's work (>= 1e4 elements).
 inline void note_thread() {

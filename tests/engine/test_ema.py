@@ -69,17 +69,58 @@ def test_decay_formula():
     assert ema.updates == 100
 
 
-def test_ema_copy_is_frozen_eval_and_flat():
-    model = small_model().train()
-    ema = ModelEMA(model)
-    assert not ema.ema.training
+@pytest.mark.parametrize("flat", [False, True])
+def test_ema_copy_is_frozen_eval_and_laid_out(flat):
+    model = small_model().train().to(memory_format=torch.channels_last)
+    ema = ModelEMA(model, flat=flat)
+    assert ema.flat is flat and not ema.ema.training
     assert all(not p.requires_grad for p in ema.ema.parameters())
     assert all(p.requires_grad for p in model.parameters())  # the model itself is untouched
     floats = [t for t in list(ema.ema.parameters()) + list(ema.ema.buffers()) if t.is_floating_point()]
-    # one flat buffer: every floating tensor is a view into the same storage
-    assert len({t.untyped_storage().data_ptr() for t in floats}) == 1
-    assert sum(t.numel() for t in floats) == ema.ema[0].weight.untyped_storage().nbytes() // 4
+    if flat:  # one flat buffer: every floating tensor is a view into the same storage
+        assert len({t.untyped_storage().data_ptr() for t in floats}) == 1
+        assert sum(t.numel() for t in floats) == ema.ema[0].weight.untyped_storage().nbytes() // 4
+    else:  # the CPU layout: the EMA's tensors keep the model's (channels_last), read in place
+        w = ema.ema[0].weight
+        assert w.stride() == model[0].weight.stride() != w.contiguous().stride()
     torch.testing.assert_close(ema.ema(torch.ones(1, 3, 8, 8)), model.eval()(torch.ones(1, 3, 8, 8)))
+
+
+def test_cpu_update_reads_the_model_in_place_without_a_copy(monkeypatch):
+    """The multi-tensor path is one op call over the model's own tensors: no torch.cat into a flat copy."""
+    model = small_model()
+    ema = ModelEMA(model, decay=0.9, tau=1e-9)
+    assert not ema.flat
+    calls = []
+    monkeypatch.setattr(torch, "cat", lambda *a, **k: calls.append(a) or pytest.fail("torch.cat called"))
+    with torch.no_grad():
+        model[0].weight.add_(1.0)
+    ema.update(model)
+    assert not calls
+    torch.testing.assert_close(ema.ema[0].weight, model[0].weight - 0.9)
+
+
+def test_flat_and_in_place_layouts_agree():
+    model = small_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    a, b = ModelEMA(model, tau=3, flat=False), ModelEMA(model, tau=3, flat=True)
+    for _ in range(3):
+        train_step(model, opt)
+        a.update(model)
+        b.update(model)
+    for (k, x), y in zip(a.ema.state_dict().items(), b.ema.state_dict().values()):
+        assert torch.equal(x, y), k
+
+
+def test_reassigned_parameter_is_followed():
+    """A parameter replaced by a new tensor after the first update is read from its new home."""
+    model = small_model()
+    ema = ModelEMA(model, decay=0.5, tau=1e-9)
+    ema.update(model)
+    before = ema.ema[4].bias.clone()
+    model[4].bias = nn.Parameter(torch.full_like(model[4].bias, 3.0))
+    ema.update(model)
+    torch.testing.assert_close(ema.ema[4].bias, 0.5 * before + 0.5 * 3.0)
 
 
 def test_state_dict_round_trip():

@@ -188,3 +188,48 @@ def test_one_broken_kernel_file_does_not_cost_the_others(tmp_path, monkeypatch):
     assert "FAILED" in str(report) and "good_kernel.cpp" in str(report)
     again = _build._build_or_load(force=False, verbose=False)  # the partial build is cached as such
     assert again.cached and again.excluded == report.excluded
+
+
+def test_cpu_arch_is_validated_and_keys_the_cache(monkeypatch):
+    monkeypatch.delenv(_build.CPU_ARCH_ENV, raising=False)
+    assert _build.cpu_arch() == "native" and "-march=native" in _build.cpu_flags()
+    monkeypatch.setenv(_build.CPU_ARCH_ENV, "x86-64-v3")
+    assert _build.cpu_flags()[-1] == "-march=x86-64-v3"
+    root = _build.csrc_dir()
+    srcs, heads = _build._cpu_sources(root), _build._headers(root)
+    keys = {arch: _build._cache_key(srcs, heads, [*_build.CPU_FLAGS, f"-march={arch}"])
+            for arch in ("native", "x86-64-v3", "x86-64-v4")}
+    assert len(set(keys.values())) == 3
+    for bad in ("x86 64", "-O0", "native;rm", ""):
+        monkeypatch.setenv(_build.CPU_ARCH_ENV, bad)
+        if bad:
+            with pytest.raises(_build.CpuArchError, match=_build.CPU_ARCH_ENV):
+                _build.cpu_arch()
+        else:
+            assert _build.cpu_arch() == "native"  # empty = unset
+
+
+def test_unknown_cpu_arch_is_an_error_naming_the_variable(tmp_path):
+    code = ("from yolofast.ops import _build\n"
+            "try:\n    _build.load_extension()\n"
+            "except _build.CpuArchError as e:\n    print('ARCH-ERROR', e)\n")
+    res = _run(code, YOLOFAST_CPU_ARCH="x86-64-v9", YOLOFAST_CACHE=str(tmp_path))
+    assert "ARCH-ERROR" in res.stdout and "YOLOFAST_CPU_ARCH" in res.stdout, res.stdout + res.stderr
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="x86-64 ISA levels")
+def test_avx2_build_uses_avx2_vectors():
+    """A x86-64-v3 build (what an AVX2-only CPU runs) uses ATen's 8-float AVX2 vectors, and its kernels still
+    give the reference's results; the native build here uses what this CPU has (16 with AVX-512)."""
+    code = ("import torch\nfrom yolofast.ops import _library, reference\n"
+            "e = torch.randn(1001); m = torch.randn(1001); w = e.clone()\n"
+            "_library.ema_update(e, m, 0.3); reference.ema_update_ref(w, m, 0.3)\n"
+            "assert torch.equal(e, w)\nprint('LANES', _library.simd_lanes())\n")
+    res = _run(code, YOLOFAST_CPU_ARCH="x86-64-v3")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "LANES 8" in res.stdout, res.stdout
+    with open("/proc/cpuinfo") as f:
+        avx512 = " avx512bw " in f.read()
+    res = _run(code, YOLOFAST_CPU_ARCH="native")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"LANES {16 if avx512 else 8}" in res.stdout, res.stdout

@@ -79,3 +79,90 @@ def test_public_wrapper_and_errors(lib):
 def test_opcheck(lib):
     ema, model = _pair(1000, torch.float32, 2)
     torch.library.opcheck(torch.ops.yolofast.ema_update.default, (ema, model, torch.tensor(0.99)))
+
+
+def _storage_order(t):
+    return t.permute(0, 2, 3, 1).flatten() if t.dim() == 4 else t.flatten()  # 4-d ones are channels_last
+
+
+def _state_lists(seed, dtype=torch.float32):
+    """Tensors like a model's state: odd sizes, a channels_last conv weight, a 0-d and an empty tensor,
+    integer counters."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(16, 3, 3, 3), (16,), (), (0,), (300_001,), (7, 5), ((1 << 16) + 3,), (64, 32, 3, 3)]
+    ema, model = [], []
+    for s in shapes:
+        e = torch.randn(s, generator=g).to(dtype)
+        m = (e.float() + 0.1 * torch.randn(s, generator=g)).to(dtype)
+        if len(s) == 4:
+            e, m = e.to(memory_format=torch.channels_last), m.to(memory_format=torch.channels_last)
+        ema.append(e)
+        model.append(m)
+    ema.append(torch.tensor(3))
+    model.append(torch.tensor(7))
+    return ema, model
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("decay", [0.9999, 0.3])
+def test_multi_tensor_equals_the_flat_kernel(lib, dtype, decay, threads):
+    """ema_update.multi over the tensors where they lie == the flat kernel over their concatenation, bit for
+    bit, at 1 and 2 threads; layouts kept, integers copied, the model untouched."""
+    ema, model = _state_lists(5, dtype)
+    floats = [i for i, t in enumerate(ema) if t.is_floating_point()]
+    flat_e = torch.cat([_storage_order(ema[i]) for i in floats])
+    flat_m = torch.cat([_storage_order(model[i]) for i in floats])
+    lib.ema_update(flat_e, flat_m, decay)
+    strides = [t.stride() for t in ema]
+    model_before = [t.clone() for t in model]
+    prev = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        torch.ops.yolofast.ema_update.multi(ema, model, torch.tensor(decay, dtype=torch.float64))
+    finally:
+        torch.set_num_threads(prev)
+    got = torch.cat([_storage_order(ema[i]) for i in floats])
+    assert torch.equal(got, flat_e)
+    assert [t.stride() for t in ema] == strides
+    assert ema[-1].item() == 7
+    assert all(torch.equal(a, b) for a, b in zip(model, model_before))
+
+
+def test_multi_tensor_reads_other_layouts_and_dtypes(lib):
+    """A model tensor in another layout or dtype than the EMA's gives what the reference gives."""
+    g = torch.Generator().manual_seed(1)
+    ema = [torch.randn(8, 4, 3, 3, generator=g), torch.randn(999, generator=g).bfloat16()]
+    model = [torch.randn(8, 4, 3, 3, generator=g).to(memory_format=torch.channels_last),
+             torch.randn(999, generator=g)]
+    want = [t.clone() for t in ema]
+    for w, m in zip(want, model):
+        reference.ema_update_ref(w.view(-1), m.reshape(-1), 0.8)
+    torch.ops.yolofast.ema_update.multi(ema, model, torch.tensor(0.8, dtype=torch.float64))
+    torch.testing.assert_close(ema[0], want[0], rtol=torch.finfo(torch.float32).eps, atol=0)
+    torch.testing.assert_close(ema[1], want[1], rtol=torch.finfo(torch.bfloat16).eps, atol=0)
+
+
+def test_multi_tensor_public_wrapper_and_errors(lib):
+    from yolofast.ops import ema_update
+
+    for name in ("ref", "cpp"):
+        ema, model = _state_lists(2)
+        want = [t.clone() for t in ema]
+        for w, m in zip(want, model):
+            if w.is_floating_point():
+                reference.ema_update_ref(w, m, 0.9)
+            else:
+                w.copy_(m)
+        with backend(name):
+            ema_update(ema, model, 0.9)
+        for a, b in zip(ema, want):
+            torch.testing.assert_close(a, b, rtol=torch.finfo(torch.float32).eps, atol=0, msg=name)
+    d = torch.tensor(0.9, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="model tensors"):
+        torch.ops.yolofast.ema_update.multi([torch.zeros(3)], [], d)
+    with pytest.raises(RuntimeError, match="differ in shape"):
+        torch.ops.yolofast.ema_update.multi([torch.zeros(3)], [torch.zeros(4)], d)
+    with pytest.raises(RuntimeError, match="not dense"):
+        torch.ops.yolofast.ema_update.multi([torch.zeros(8)[::2]], [torch.zeros(4)], d)
+    torch.library.opcheck(torch.ops.yolofast.ema_update.multi, (*_state_lists(3), d))

@@ -200,6 +200,10 @@ def _ema_case(p: Preset, device: str, seed: int, backends) -> Case:
     d = torch.tensor(ei.decay, dtype=torch.float64, device=device)
 
     def make_ema():
+        # As ModelEMA calls it: on the CPU over the separate tensors (the multi-tensor kernel, the same
+        # tensors _foreach_lerp_ gets), elsewhere over the flat buffers.
+        if torch.device(device).type == "cpu":
+            return lambda: ema_update(ei.ema_list, ei.model_list, d)
         return lambda: ema_update(ei.ema_flat, ei.model_flat, d)
 
     variants = _backend_variants("ema_update", device, make_ema, backends)

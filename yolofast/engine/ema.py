@@ -1,8 +1,9 @@
-"""Exponential moving average of the model weights, kept in flat buffers for a one-launch update."""
+"""Exponential moving average of the model weights: one fused ``ema_update`` call per optimizer step."""
 
 from __future__ import annotations
 
 import copy
+import weakref
 
 import torch
 from torch import nn
@@ -44,17 +45,44 @@ class _FlatGroup:
             offset += t.numel()
 
 
+def _locate(module: nn.Module, names: list[str]) -> list[tuple[dict, str]]:
+    """(the owning module's ``_parameters`` or ``_buffers`` dict, key) per state name: reading ``d[key]`` on
+    every update costs ~0.1 us, where ``named_parameters()`` + ``named_buffers()`` of yolov8s (355 tensors)
+    costs ~1-5 ms, as long as the whole EMA update of its 11.2 M floats. A tensor later reassigned to a
+    module attribute is still found (it replaces the dict entry)."""
+    out = []
+    for name in names:
+        mod_name, _, key = name.rpartition(".")
+        try:
+            sub = module.get_submodule(mod_name) if mod_name else module
+        except AttributeError:
+            sub = None
+        slot = None if sub is None else sub._parameters if key in sub._parameters else sub._buffers
+        if slot is None or slot.get(key) is None:
+            raise ValueError(f"ModelEMA.update: the model has no tensor '{name}'; pass a model of the EMA's "
+                             "architecture")
+        out.append((slot, key))
+    return out
+
+
 class ModelEMA:
     """EMA of a model's floating-point state (parameters and float buffers such as BN running stats).
 
     ``ema = d*ema + (1 - d)*model`` with ``d = decay * (1 - exp(-updates / tau))`` per ``update``
-    (DESIGN §2.3); integer buffers (BN num_batches_tracked) are copied. The EMA model (``.ema``, eval
-    mode, no grad) keeps its floating tensors as views of one flat contiguous buffer per dtype (normally
-    exactly one, in the model's dtype), so one ``yolofast.ops.ema_update`` call covers everything.
-    ``updates`` and ``d`` stay on the device (no host sync per step); reading ``.updates`` syncs once.
+    (DESIGN §2.3); integer buffers (BN num_batches_tracked) are copied. ``.ema`` is the EMA model (eval
+    mode, no grad). ``updates`` and ``d`` stay on the device (no host sync per step; reading ``.updates``
+    syncs once), so the update can be captured in a CUDA graph.
+
+    Two layouts, one ``yolofast.ops.ema_update`` call per update either way:
+    - CPU (default there): the EMA's tensors keep the model's layout (channels_last included) and the C++
+      multi-tensor kernel reads the model's own tensors in place, in one sweep over both threads: read 2N,
+      write N, nothing else.
+    - other devices (``flat=True``): the EMA's floating tensors are views of one flat buffer per dtype and the
+      model is gathered into a second one (``torch.cat``) for the one-launch CUDA/Triton kernels.
     """
 
-    def __init__(self, model: nn.Module, decay: float = 0.9999, tau: float = 2000, updates: int = 0):
+    def __init__(self, model: nn.Module, decay: float = 0.9999, tau: float = 2000, updates: int = 0,
+                 flat: bool | None = None):
         model = unwrap_model(model)
         self.ema = copy.deepcopy(model).eval()
         for p in self.ema.parameters():
@@ -64,15 +92,21 @@ class ModelEMA:
 
         named = _state_tensors(self.ema)
         floats = [(n, t) for n, t in named if t.is_floating_point()]
+        device = floats[0][1].device if floats else torch.device("cpu")
+        self.flat = device.type != "cpu" if flat is None else bool(flat)
+        self._names = [n for n, _ in named]
+        self._tensors = [t for _, t in named]
+        self._source: tuple[weakref.ref, list[tuple[dict, str]]] | None = None
         self._int_names = [n for n, t in named if not t.is_floating_point()]
         self._int_tensors = [t for _, t in named if not t.is_floating_point()]
-        by_dtype: dict[torch.dtype, list[tuple[str, torch.Tensor]]] = {}
-        for n, t in floats:
-            by_dtype.setdefault(t.dtype, []).append((n, t))
-        self._groups = [_FlatGroup([n for n, _ in g], [t for _, t in g]) for g in by_dtype.values()]
-        self._rebind_to_views(floats)
+        self._groups: list[_FlatGroup] = []
+        if self.flat:
+            by_dtype: dict[torch.dtype, list[tuple[str, torch.Tensor]]] = {}
+            for n, t in floats:
+                by_dtype.setdefault(t.dtype, []).append((n, t))
+            self._groups = [_FlatGroup([n for n, _ in g], [t for _, t in g]) for g in by_dtype.values()]
+            self._rebind_to_views(floats)
 
-        device = floats[0][1].device if floats else torch.device("cpu")
         # float64 keeps d exact to ~1e-16 for any step count; MPS has no float64.
         self._ddtype = torch.float32 if device.type == "mps" else torch.float64
         self._updates = torch.tensor(int(updates), dtype=torch.int64, device=device)
@@ -101,21 +135,25 @@ class ModelEMA:
         """d for the current update count, a 0-d tensor on the EMA's device."""
         return self.decay * (1 - torch.exp(-self._updates.to(self._ddtype) / self.tau))
 
+    def _model_tensors(self, model: nn.Module) -> list[torch.Tensor]:
+        """The model's state tensors in the EMA's order (located once per model object)."""
+        if self._source is None or self._source[0]() is not model:
+            self._source = (weakref.ref(model), _locate(model, self._names))
+        return [slot[key] for slot, key in self._source[1]]
+
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
         """One EMA step towards ``model`` (same architecture; may be DDP/compile-wrapped)."""
         model = unwrap_model(model)
-        state = dict(_state_tensors(model))
+        src = self._model_tensors(model)
         self._updates += 1
         d = self.decay_tensor()
+        if not self.flat:
+            ema_update(self._tensors, src, d)
+            return
+        state = dict(zip(self._names, src))
         for g in self._groups:
-            try:
-                src = [state[n].detach().reshape(-1) for n in g.names]
-            except KeyError as e:
-                raise ValueError(
-                    f"ModelEMA.update: the model has no tensor {e}; pass a model of the EMA's architecture"
-                ) from None
-            torch.cat(src, out=g.model_flat)
+            torch.cat([state[n].detach().reshape(-1) for n in g.names], out=g.model_flat)
             ema_update(g.ema_flat, g.model_flat, d)
         for n, t in zip(self._int_names, self._int_tensors):
             t.copy_(state[n])
@@ -124,6 +162,6 @@ class ModelEMA:
         return {"ema": self.ema.state_dict(), "updates": self.updates}
 
     def load_state_dict(self, state: dict) -> None:
-        # Module.load_state_dict copies in place, so the flat-buffer views stay intact.
+        # Module.load_state_dict copies in place, so the flat-buffer views (flat layout) stay intact.
         self.ema.load_state_dict(state["ema"])
         self.updates = int(state["updates"])

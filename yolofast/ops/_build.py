@@ -9,9 +9,9 @@
   With no GPU to ask and TORCH_CUDA_ARCH_LIST unset it compiles for sm_80 and sm_90.
 - Lazy: nothing happens at import; the first compiled-op call or ``extension_status()`` loads them.
 - Cached: ``$YOLOFAST_CACHE`` (default ``~/.cache/yolofast/build``) / ``<key>/`` where the key hashes the
-  sources, the flags, torch's and Python's versions and (CPU: -march=native) the CPU, (CUDA) the target
-  architectures, so a changed file, flag, torch or machine gets its own build and an unchanged one loads in
-  milliseconds without a compiler.
+  sources, the flags (-march from ``$YOLOFAST_CPU_ARCH``, default native), torch's and Python's versions and
+  (CPU, -march=native only) the CPU, (CUDA) the target architectures, so a changed file, flag, torch or
+  machine gets its own build and an unchanged one loads in milliseconds without a compiler.
 - Safe: a threading lock in the process and an flock on ``<key>.lock`` across processes (pytest-xdist
   workers, DDP ranks) -- one builds, the others wait and then load its result.
 - Quiet: one line on stderr while building; the compiler output goes to ``<key>/build.log``.
@@ -33,6 +33,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -47,8 +48,12 @@ import torch
 EXT_NAME = "yolofast_C"
 BUILD_MESSAGE = "yolofast: building C++ kernels (first use, ~1 min)…"
 # -fopenmp: without it at::parallel_for (inlined from the header) runs on one thread, silently.
-# -march=native: the build happens on the machine that runs it (the CPU is part of the cache key).
-CPU_FLAGS = ("-O3", "-g0", "-fopenmp", "-march=native")
+# -march comes from cpu_arch(): native by default (the build happens on the machine that runs it; the CPU
+# is then part of the cache key), or a portable level such as x86-64-v3 for a cluster of mixed CPUs.
+CPU_FLAGS = ("-O3", "-g0", "-fopenmp")
+CPU_ARCH_ENV = "YOLOFAST_CPU_ARCH"
+# A -march value: a gcc/clang CPU or ISA-level name (x86-64-v3, skylake-avx512, armv8.2-a+sve, native).
+_ARCH_NAME = re.compile(r"[a-z0-9][a-z0-9._+-]{0,63}")
 LD_FLAGS = ("-fopenmp",)
 CUDA_EXT_NAME = "yolofast_cuda"
 CUDA_BUILD_MESSAGE = "yolofast: building CUDA kernels (first use, ~1 min)…"
@@ -208,6 +213,51 @@ def _cuda_link_flags(build_dir: Path) -> list[str]:
     return []
 
 
+class CpuArchError(ValueError):
+    """YOLOFAST_CPU_ARCH holds a value the compiler cannot take as -march: raised, never a silent fallback."""
+
+
+def cpu_arch() -> str:
+    """The -march of the CPU build: ``$YOLOFAST_CPU_ARCH`` (e.g. ``x86-64-v3`` = AVX2 + FMA, ``x86-64-v4`` =
+    AVX-512, ``native``), default ``native``. The explicit SIMD in csrc/cpu follows it (cpu_common.h picks
+    ATen's AVX-512, AVX2 or NEON vectors from the macros the compiler defines for it)."""
+    value = os.environ.get(CPU_ARCH_ENV, "").strip() or "native"
+    if not _ARCH_NAME.fullmatch(value):
+        raise CpuArchError(
+            f"{CPU_ARCH_ENV}={value!r} is not a -march value: use native (the default), x86-64-v3 (AVX2), "
+            f"x86-64-v4 (AVX-512) or another name your compiler knows (`{_compiler()} --help=target`)"
+        )
+    return value
+
+
+def cpu_flags() -> list[str]:
+    return [*CPU_FLAGS, f"-march={cpu_arch()}"]
+
+
+def _check_arch_with_compiler(arch: str) -> None:
+    """Asks the compiler whether it takes -march=arch (a fraction of a second), so that a typo is an error
+    that names the variable instead of a compile failure in every source."""
+    if arch == "native":
+        return
+
+    def rejects(*flags: str) -> subprocess.CompletedProcess | None:
+        try:
+            out = subprocess.run([_compiler(), *flags, "-x", "c++", "-fsyntax-only", "-"], input="",
+                                 capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out if out.returncode != 0 else None
+
+    out = rejects(f"-march={arch}")
+    # A compiler that fails without -march too is missing or broken: the build itself reports that.
+    if out is not None and rejects() is None:
+        raise CpuArchError(
+            f"{CPU_ARCH_ENV}={arch!r}: the compiler {_compiler()} rejects -march={arch} "
+            f"({_summarise(out.stderr)}); use native, x86-64-v3, x86-64-v4 or a name it lists in "
+            f"`{_compiler()} --help=target`"
+        )
+
+
 # --------------------------------------------------------------------------------------------------- cache
 def cache_root() -> Path:
     env = os.environ.get("YOLOFAST_CACHE")
@@ -254,7 +304,10 @@ def _cache_key(sources: list[Path], headers: list[Path], flags: list[str]) -> st
         h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
     # Not the compiler's version: a cached build must load on a machine without one (and gcc updates keep
     # the C++ ABI); `yolofast build` rebuilds on demand.
-    for part in (*flags, torch.__version__, str(torch.version.cuda), sys.version, _cpu_id()):
+    # The CPU only for -march=native: a portable -march (x86-64-v3) build is the same on every CPU of a
+    # mixed cluster sharing the cache, which is what it is for.
+    cpu = _cpu_id() if "-march=native" in flags else platform.machine()
+    for part in (*flags, torch.__version__, str(torch.version.cuda), sys.version, cpu):
         h.update(str(part).encode() + b"\0")
     return h.hexdigest()[:16]
 
@@ -321,7 +374,7 @@ def _load_with(cpp_extension, root: Path, sources, build_dir: Path, cuda: bool, 
     return cpp_extension.load(
         name=EXT_NAME,
         sources=[str(s) for s in sources],
-        extra_cflags=list(CPU_FLAGS),
+        extra_cflags=cpu_flags(),
         extra_ldflags=list(LD_FLAGS),
         extra_include_paths=[str(root / "cpu"), str(root / "common")],
         build_directory=str(build_dir),
@@ -443,11 +496,15 @@ def _build_or_load(force: bool, verbose: bool) -> BuildReport:
     sources = _cpu_sources(root)
     if not sources:
         return BuildReport(ok=False, reason=f"no C++ sources in {root / 'cpu'}")
-    flags = list(CPU_FLAGS)
+    flags = cpu_flags()
     key = _cache_key(sources, _headers(root), [*flags, "ld:", *LD_FLAGS])
+
+    def compile_into(build_dir, log):
+        _check_arch_with_compiler(cpu_arch())
+        return _build_into(root, sources, build_dir, False, verbose, log)
+
     return _locked_build(
-        "cpp", root, sources, key, flags, force,
-        lambda build_dir, log: _build_into(root, sources, build_dir, False, verbose, log),
+        "cpp", root, sources, key, flags, force, compile_into,
         lambda: f"compiler: {_compiler_id()}",
     )
 
@@ -643,6 +700,8 @@ def load_extension() -> BuildReport:
         if "report" not in _state:
             try:
                 report = _build_or_load(force=False, verbose=False)
+            except CpuArchError:
+                raise  # the user asked for this -march: falling back to the reference would hide the typo
             except Exception as e:  # noqa: BLE001 - e.g. an unwritable cache dir: report, never crash
                 report = BuildReport(ok=False, reason=f"{type(e).__name__}: {e}")
             _load(report)
@@ -666,6 +725,8 @@ def build(verbose: bool = True, cuda: bool | None = None) -> BuildReport:
             return _merge_cuda(report)
         try:
             report = _build_or_load(force=True, verbose=verbose)
+        except CpuArchError:
+            raise
         except Exception as e:  # noqa: BLE001
             report = BuildReport(ok=False, reason=f"{type(e).__name__}: {e}")
         _state["warned"] = True  # the caller prints the report; no extra warning

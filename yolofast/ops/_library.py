@@ -24,6 +24,9 @@ Ops (tensor shapes as in ``reference.py``):
   head_decode(feats, strides, reg_max) -> (pd_scores (B, A, C) sigmoid, pd_bboxes (B, A, 4) xyxy pixels)
       the assigner's inputs decoded from the maps in one pass (reference.bbox_decode * stride); no gradient.
   ema_update(ema!, model, decay) -> ()   in place ema = lerp(ema, model, 1 - decay).
+  ema_update.multi(ema![], model[], decay) -> ()   the same over lists of tensors (the model's own, in
+      place; integer tensors copied): one parallel sweep, no flat copy (CPU).
+  _simd_lanes(x) -> int   debug: floats per SIMD vector the CPU build uses (16 AVX-512, 8 AVX2, 4 NEON).
   _threads_seen(x) -> int   debug: distinct threads that ran a kernel chunk since the last call (CPU).
   _bbox_vec_bits(x) -> int  debug: SIMD width in bits the CPU loss kernels were built for (0: scalar).
 """
@@ -54,7 +57,9 @@ _lib.define(
 _lib.define("head_decode(Tensor[] feats, float[] strides, int reg_max) -> (Tensor, Tensor)")
 _lib.define("_bbox_vec_bits(Tensor x) -> int")
 _lib.define("ema_update(Tensor(a!) ema, Tensor model, Tensor decay) -> ()")
+_lib.define("ema_update.multi(Tensor(a!)[] ema, Tensor[] model, Tensor decay) -> ()")
 _lib.define("_threads_seen(Tensor x) -> int")
+_lib.define("_simd_lanes(Tensor x) -> int")
 
 
 # ---------------------------------------------------------------------------------------------- fake impls
@@ -111,6 +116,11 @@ def _head_decode_fake(feats, strides, reg_max):
 
 @torch.library.register_fake("yolofast::ema_update", lib=_lib)
 def _ema_update_fake(ema, model, decay):
+    return None
+
+
+@torch.library.register_fake("yolofast::ema_update.multi", lib=_lib)
+def _ema_update_multi_fake(ema, model, decay):
     return None
 
 
@@ -230,6 +240,21 @@ def ema_update(ema: Tensor, model: Tensor, decay) -> None:
     if not isinstance(decay, Tensor):
         decay = torch.tensor(float(decay), dtype=torch.float64)
     torch.ops.yolofast.ema_update(ema, model, decay)
+
+
+def ema_update_multi(ema: list[Tensor], model: list[Tensor], decay) -> None:
+    """Compiled in-place EMA over lists of tensors (CPU): each floating pair as ``ema_update``, each
+    integer pair copied, all in one parallel sweep that reads the model's tensors where they are."""
+    _ensure_loaded()
+    if not isinstance(decay, Tensor):
+        decay = torch.tensor(float(decay), dtype=torch.float64)
+    torch.ops.yolofast.ema_update.multi(list(ema), list(model), decay)
+
+
+def simd_lanes() -> int:
+    """Debug: floats per SIMD vector in the loaded CPU build (16 AVX-512, 8 AVX2, 4 NEON)."""
+    _ensure_loaded()
+    return torch.ops.yolofast._simd_lanes(torch.empty(0))
 
 
 def threads_seen() -> int:
