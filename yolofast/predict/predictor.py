@@ -26,16 +26,6 @@ LOGGER = logging.getLogger("yolofast")
 __all__ = ["Predictor"]
 
 
-def _increment(path: Path, exist_ok: bool) -> Path:
-    """runs/detect/predict -> predict2, predict3, ... unless ``exist_ok`` or it does not exist yet."""
-    if exist_ok or not path.exists():
-        return path
-    n = 2
-    while (p := path.with_name(f"{path.name}{n}")).exists():
-        n += 1
-    return p
-
-
 class Predictor:
     def __init__(self, model, imgsz: int = 640, conf: float = 0.25, iou: float = 0.7, max_det: int = 300,
                  classes=None, agnostic_nms: bool = False, half: bool = False, device=None, batch: int = 1,
@@ -128,7 +118,9 @@ class Predictor:
 
     def _save(self, res: Results, frame: Frame):
         if self.save_dir is None:
-            self.save_dir = _increment(self.project / self.name, self.exist_ok)
+            from yolofast.engine.trainer import increment_path  # the same folder rule as runs/train
+
+            self.save_dir = increment_path(self.project / self.name, self.exist_ok)
             self.save_dir.mkdir(parents=True, exist_ok=True)
         stem = Path(frame.path).stem
         if self.save_txt:
