@@ -132,13 +132,7 @@ def cmd_val(argv) -> int:
               "data and imgsz default to the ones the checkpoint was trained with.")
         return 0
     args = parse_args(argv)
-    bad = [k for k in args if k not in _VAL_KEYS]
-    if bad:
-        import difflib
-
-        near = difflib.get_close_matches(bad[0], _VAL_KEYS, n=2, cutoff=0.5)
-        hint = f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
-        raise UsageError(f"'{bad[0]}' is not a val key{hint} (keys: {', '.join(_VAL_KEYS)})")
+    _check_known_keys("val", args, _VAL_KEYS)
     if "model" not in args:
         raise UsageError("yolofast val needs model=path/to/weights.pt")
     path = Path(str(args["model"]))
@@ -170,7 +164,8 @@ _EXPORT_KEYS = ("model", "format", "imgsz", "dynamic", "opset", "half", "simplif
 _TASKS = ("detect", "segment", "pose", "obb", "classify")
 
 
-def _check_cmd_keys(cmd: str, args: dict, allowed) -> None:
+def _check_known_keys(cmd: str, args: dict, allowed) -> None:
+    """A key ``cmd`` does not take is an error naming the closest ones it does."""
     import difflib
 
     bad = [k for k in args if k not in allowed]
@@ -178,6 +173,10 @@ def _check_cmd_keys(cmd: str, args: dict, allowed) -> None:
         near = difflib.get_close_matches(bad[0], allowed, n=2, cutoff=0.5)
         hint = f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
         raise UsageError(f"'{bad[0]}' is not a {cmd} key{hint} (keys: {', '.join(allowed)})")
+
+
+def _check_cmd_keys(cmd: str, args: dict, allowed) -> None:
+    _check_known_keys(cmd, args, allowed)
     if "model" not in args:
         raise UsageError(f"yolofast {cmd} needs model=path/to/weights.pt (or yolov8n for random weights)")
 
