@@ -134,7 +134,7 @@ def _graph_step(model, crit, opt, batch: dict, dtype, device):
         raise RuntimeError("bench_train_step: CUDA-graph capture failed (reason in the log above)")
 
     def step():
-        loss, _ = graphed(batch)
+        loss = graphed(batch)[0]
         cudagraph.GRAPHS.synchronize()
         return loss
 

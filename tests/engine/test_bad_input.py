@@ -61,12 +61,13 @@ def test_broken_dataset_trains_and_reports_each_problem_once(broken, tmp_path, c
     t = Trainer(data=str(yaml_file), epochs=1, project=tmp_path, name="bad", **FAST)
     metrics = t.train()
     assert "fitness" in metrics and (tmp_path / "bad/weights/last.pt").is_file()
-    # memory per epoch: appended after Ultralytics' 15 columns, which stay first and unchanged
+    # memory and gradient norm per epoch: after Ultralytics' 15 columns, which stay first and unchanged
     header, row = (tmp_path / "bad/results.csv").read_text().splitlines()[:2]
     cols = header.split(",")
     assert cols[:3] == ["epoch", "time", "train/box_loss"] and cols[14] == "lr/pg2"
-    assert cols[15:] == ["mem/cpu_rss(GB)", "mem/cuda_reserved(GB)"]
-    rss, cuda = (float(v) for v in row.split(",")[15:])
+    assert cols[15:17] == ["mem/cpu_rss(GB)", "mem/cuda_reserved(GB)"]
+    assert cols[17:] == ["grad/norm_mean", "grad/norm_max", "grad/clip_frac", "grad/nonfinite"]
+    rss, cuda = (float(v) for v in row.split(",")[15:17])
     assert 0.05 < rss < 64 and cuda == 0.0
     for p in t.model.parameters():
         assert torch.isfinite(p).all()

@@ -138,27 +138,33 @@ def test_trainer_cuda_graph_on_cpu_warns_and_trains_eagerly(tmp_path):
 
 
 def _trainer_graph_run_equals_eager_run(tmp_path, device, **kw):
-    """Two epochs of the real trainer, eager vs cuda_graph=True (same seed, same data): the per-epoch losses
-    and the final EMA (weights and BN statistics) agree, and the graph really replayed (captured at the
-    first step after the warmup)."""
+    """Two epochs of the real trainer, eager vs cuda_graph=True (same seed, same data): the per-epoch losses,
+    the pre-clip gradient norms (mean and max, which the replayed steps hand out of the graph) and the final
+    EMA (weights and BN statistics) agree, and the graph really replayed (captured at the first step after
+    the warmup)."""
     from yolofast import Trainer
     from yolofast.data import make_shapes
 
     data = make_shapes(root=tmp_path, n_train=16, n_val=4, imgsz=128)
-    out = []
+    out, norms = [], []
     for graph in (False, True):
         t = Trainer(model=TINY, data=data, imgsz=128, batch=4, nbs=4, epochs=2, workers=0, verbose=False,
                     plots=False, val=False, lr0=0.002, warmup_epochs=0.5, device=device, cuda_graph=graph,
                     project=tmp_path, name=f"g{int(graph)}", **kw)
-        losses = []
+        losses, grads = [], []
         t.add_callback("on_train_epoch_end", lambda tr, losses=losses: losses.append(tr.tloss.clone()))
+        t.add_callback("on_train_epoch_end", lambda tr, grads=grads: grads.append(
+            [tr.grad_norm.read()[k] for k in ("grad/norm_mean", "grad/norm_max", "grad/clip_frac")]))
         t.train()
         if graph:  # 8 steps, warmup nw = 2: eager 0..2, capture at 3, replays 3..7
             assert t.graph is not None and t.graph.off is None and t.graph.replays == 5 and t.graph.eager == 0
         # the EMA's whole float state: BN running statistics too (train-mode losses do not see them)
         ema = [v.flatten() for v in t.ema.ema.state_dict().values() if v.is_floating_point()]
         out.append((torch.stack(losses), torch.cat(ema).cpu()))
+        norms.append(torch.tensor(grads, dtype=torch.float64))
     torch.use_deterministic_algorithms(False)
+    assert torch.isfinite(norms[1]).all() and (norms[1][:, 0] > 0).all()
+    torch.testing.assert_close(norms[1], norms[0], rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(out[1][0], out[0][0], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(out[1][1], out[0][1], rtol=1e-4, atol=1e-5)
     return t

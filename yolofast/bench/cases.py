@@ -52,6 +52,7 @@ class Case:
     variants: list[Variant]
     items_per_call: int = 0  # images per call (train_step): the runner reports images/s
     what: str = ""  # one line: what a call does
+    split: Callable[[int], dict] | None = None  # train_step: split(n) -> seconds per phase of n auto steps
 
     def variant(self, name: str) -> Variant | None:
         return next((v for v in self.variants if v.name == name), None)
@@ -222,6 +223,7 @@ def _step_case(p: Preset, device: str, seed: int) -> Case:
     """yolov8 train step: forward, DetectionLoss, backward, clip 10, SGD step, zero_grad, EMA update."""
     from yolofast.engine.ema import ModelEMA
     from yolofast.engine.optim import build_optimizer
+    from yolofast.engine.profiler import NullProfiler, StepProfiler
     from yolofast.loss import DetectionLoss
     from yolofast.nn import build_model
     from yolofast.ops._backend import describe
@@ -234,28 +236,44 @@ def _step_case(p: Preset, device: str, seed: int) -> Case:
     amp = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.startswith("cuda") else (
         contextlib.nullcontext)
 
-    def make_step():
+    def make_step(prof=None):
         model = copy.deepcopy(base)
         opt = build_optimizer(model, "SGD", lr=0.01, momentum=0.937, decay=5e-4)[0]
         ema = ModelEMA(model)
+        prof = prof or NullProfiler()  # the phase marks of the trainer's profile=True (profiler.py)
 
         def run():
             with amp():
                 preds = model(si.img)
+            prof.mark("forward")
             total, _ = crit(preds, si.batch)
+            prof.mark("loss")
             total.backward()
+            prof.mark("backward")
             torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=10.0)
             opt.step()
             opt.zero_grad(set_to_none=True)
             ema.update(model)
+            prof.mark("optimizer")
 
         return run
+
+    def split(n: int) -> dict:
+        """Seconds per phase over ``n`` auto-backend steps after one warm-up step (profile=True's split;
+        the inputs are made before, so there is no data wait)."""
+        prof = StepProfiler(device)
+        step = _under("auto", make_step(prof))
+        step()
+        prof.reset()
+        for _ in range(n):
+            step()
+        return prof.split()
 
     auto = ", ".join(f"{op}={b}" for op, b, _ in describe(torch.device(device).type))
     factor = slowdowns().get("train_step", 1.0)
     variants = [Variant("ref", _under("ref", make_step())),
                 Variant("auto", slowed(_under("auto", make_step()), factor), auto)]
-    return Case(p, "train_step", device, variants, items_per_call=p.batch,
+    return Case(p, "train_step", device, variants, items_per_call=p.batch, split=split,
                 what=f"{p.model} train step (forward, loss, backward, SGD, EMA), B={p.batch}, {p.imgsz} px")
 
 

@@ -2,6 +2,7 @@
 
     yolofast bench                                   # ops at every CPU preset (table on stdout)
     yolofast bench all --threads 2 --json run.json   # ops + train step, results with versions and commit
+    yolofast bench step --preset step-yolov8n-320-b16  # the train step, and where its time goes
     yolofast bench ops --preset loss-b8-640-50gt --rounds 9
     yolofast bench ops --device cuda                 # the GPU presets (issue 5 shapes)
     yolofast bench --list                            # the presets
@@ -156,6 +157,7 @@ def run_bench(args: argparse.Namespace, out=print) -> dict:
     from yolofast.bench.cases import build_cases
     from yolofast.bench.presets import presets_for
     from yolofast.bench.runner import Progress, format_table, run_cases
+    from yolofast.engine.profiler import format_split
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -171,7 +173,8 @@ def run_bench(args: argparse.Namespace, out=print) -> dict:
     progress = Progress(len(pending), enabled=not args.quiet)
     meta = collect_meta(device, threads)
     t0 = time.perf_counter()
-    rows = []
+    rows, splits = [], {}
+    n_split = max(3, min(args.rounds, 10))  # profiled train steps, after the timed rounds
     for p in presets:  # inputs built per preset and dropped after it: the dense scenes are large
         ops = tuple(op for op in p.ops if not only or op in only)
         if not ops:
@@ -181,16 +184,21 @@ def run_bench(args: argparse.Namespace, out=print) -> dict:
                           seed=args.seed, threads=threads, max_case_s=args.max_case_seconds or None,
                           min_round_s=args.min_round_seconds,
                           progress=progress)
+        for c in cases:  # where a train step's time goes: the same split as the trainer's profile=True
+            if c.split is not None:
+                splits[f"{p.name}/{c.op}"] = {"steps": n_split, "seconds": c.split(n_split)}
         del cases
     progress.done()
     meta.update(what=args.what, rounds=args.rounds, seed=args.seed, min_round_s=args.min_round_seconds,
                 presets=[p.name for p in presets],
                 seconds=round(time.perf_counter() - t0, 1))
-    result = {**meta, "rows": [r.to_dict() for r in rows]}
+    result = {**meta, "rows": [r.to_dict() for r in rows], "splits": splits}
     out(f"yolofast bench {args.what} on {meta['device']['name']} ({device}), {threads} thread(s), "
         f"torch {meta['versions']['torch']}, commit {(meta['git_commit'] or 'n/a')[:12]}"
         f"{' (dirty)' if meta['git_dirty'] else ''}")
     out(format_table(rows))
+    for name, sp in splits.items():
+        out(f"{name} time split over {sp['steps']} auto-backend steps: {format_split(sp['seconds'])}")
     return result
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import difflib
 from collections import defaultdict
 
-__all__ = ["EVENTS", "Callbacks"]
+__all__ = ["EVENTS", "Callbacks", "ValBatchEvents"]
 
 EVENTS = (
     "on_pretrain_routine_start", "on_pretrain_routine_end", "on_train_start", "on_train_epoch_start",
@@ -65,3 +65,22 @@ class Callbacks:
     def run(self, event: str, trainer) -> None:
         for fn in self._fns[check_event(event)]:
             fn(trainer)
+
+
+class ValBatchEvents:
+    """Wraps a validation loader so ``on_val_batch_start/end`` fire around every batch the validator runs."""
+
+    def __init__(self, loader, fire):
+        self.loader, self.fire = loader, fire
+
+    def __len__(self):
+        return len(self.loader)
+
+    def __getattr__(self, name):  # dataset, batch_size, ... of the wrapped loader
+        return getattr(self.loader, name)
+
+    def __iter__(self):
+        for batch in self.loader:
+            self.fire("on_val_batch_start")
+            yield batch
+            self.fire("on_val_batch_end")

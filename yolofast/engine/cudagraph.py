@@ -3,7 +3,7 @@ clip_grad_norm_(10), optimizer step and EMA update, replayed from static input b
 
     step = capture_train_step(model, loss_fn, optimizer, ema, example_batch, amp_dtype=torch.bfloat16)
     if step is None: ...  # capture failed; the reason was logged -> run the eager step
-    loss, items = step(batch)  # copies img / gt_* into the static buffers and replays
+    loss, items, grad_norm = step(batch)  # copies img / gt_* into the static buffers and replays
 
 Static shapes are required: the image batch (B, 3, H, W) and the padded GT (B, Mp, ·) must match the
 captured ones (``data.collate.pad_targets`` buckets Mp to a multiple of 16; pad to the run's max bucket and
@@ -99,7 +99,7 @@ class CudaGraphStep:
         # the default "global" mode would count that as an illegal call and break the capture (and the
         # pinning thread with it).
         with GRAPHS.graph(self.graph, capture_error_mode="thread_local"):
-            self.loss, self.items = self._iteration()
+            self.loss, self.items, self.grad_norm = self._iteration()
 
     def _iteration(self):
         dtype = self.amp_dtype or torch.float32
@@ -107,12 +107,14 @@ class CudaGraphStep:
             feats = self.model(self.static["img"])
         loss, items = self.loss_fn([f.float() for f in feats], self.static)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_norm, foreach=True)
+        # The pre-clip norm comes out of the graph like the loss: the trainer's statistics of it
+        # (gradnorm.py) then read the replayed steps' norms too.
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_norm, foreach=True)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=False)
         if self.ema is not None:
             self.ema.update(self.model)
-        return loss.detach(), items.detach()
+        return loss.detach(), items.detach(), norm.detach()
 
     def __call__(self, batch: dict):
         for k in _KEYS:
@@ -130,7 +132,7 @@ class CudaGraphStep:
         self.graph.replay()
         # The outputs live in the graph's memory and the next replay overwrites them: a caller that keeps
         # one (the epoch's running mean starts as the first batch's items) must hold a copy.
-        return self.loss.clone(), self.items.clone()
+        return self.loss.clone(), self.items.clone(), self.grad_norm.clone()
 
 
 def capture_train_step(model, loss_fn, optimizer, ema, example: dict, amp_dtype=None, max_norm: float = 10.0):
@@ -209,8 +211,8 @@ def pad_gt(batch: dict, m: int) -> dict | None:
 
 
 class GraphedTrainStep:
-    """The trainer's CUDA-graph step: ``step(batch) -> (loss, items)``, or None when this batch must run
-    eagerly (other shape, too many GT, capture failed or graphs were turned off)."""
+    """The trainer's CUDA-graph step: ``step(batch) -> (loss, items, grad_norm)``, or None when this batch
+    must run eagerly (other shape, too many GT, capture failed or graphs were turned off)."""
 
     def __init__(self, model, loss_fn, optimizer, ema, amp_dtype, gt_bucket: int, batch_size: int):
         self.model, self.loss_fn, self.optimizer, self.ema = model, loss_fn, optimizer, ema

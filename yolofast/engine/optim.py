@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 __all__ = ["param_groups", "build_optimizer", "lr_lambda", "warmup_iters", "warmup_values",
-           "accumulate_steps", "scaled_weight_decay", "auto_optimizer", "OPTIMIZERS"]
+           "accumulate_steps", "scaled_weight_decay", "auto_optimizer", "recipe_optimizer", "OPTIMIZERS"]
 
 OPTIMIZERS = ("SGD", "Adam", "AdamW", "NAdam", "RAdam", "RMSProp", "auto")
 _NORMS = tuple(v for k, v in vars(nn).items() if "Norm" in k and isinstance(v, type))
@@ -82,6 +82,28 @@ def build_optimizer(model: nn.Module, name: str = "auto", lr: float = 0.01, mome
     opt.add_param_group({"params": weights, "weight_decay": decay})
     opt.add_param_group({"params": norms, "weight_decay": 0.0})
     return opt, name, lr, momentum
+
+
+def recipe_optimizer(model: nn.Module, a, n_images: int, accumulate: int, nc: int, resumed_auto=None,
+                     extra=None, log=print):
+    """The recipe's optimizer: ``(optimizer, auto choice (name, lr, momentum) or None, momentum,
+    warmup bias lr)``. ``a``: the recipe (optimizer, lr0, momentum, weight_decay, batch, nbs, epochs,
+    warmup_bias_lr); ``resumed_auto``: what ``optimizer=auto`` chose in the run being resumed."""
+    decay = scaled_weight_decay(a.weight_decay, a.batch, accumulate, a.nbs)
+    # Optimizer steps of the run, for optimizer=auto: images / max(batch, nbs) per epoch.
+    iterations = math.ceil(n_images / max(a.batch, a.nbs)) * a.epochs
+    name, lr, momentum = a.optimizer, a.lr0, a.momentum
+    if name == "auto" and resumed_auto:
+        # The resumed run's own choice: extending `epochs` changes the iteration count auto decides by,
+        # and an SGD cannot load an AdamW state.
+        name, lr, momentum = resumed_auto
+    optimizer, name, lr, momentum = build_optimizer(model, name, lr, momentum, decay, iterations, nc=nc,
+                                                    extra=extra)
+    if a.optimizer != "auto":
+        return optimizer, None, momentum, a.warmup_bias_lr
+    log(f"optimizer: 'optimizer=auto' -> {name}(lr={lr}, momentum={momentum}) for {iterations} iterations")
+    # The 0.1 bias warmup lr is sized for SGD lr 0.01; from an auto-chosen lr it would blow up biases.
+    return optimizer, (name, lr, momentum), momentum, 0.0
 
 
 def lr_lambda(epochs: int, lrf: float, cos_lr: bool = False):

@@ -5,9 +5,12 @@ the final metrics dict (``metrics/mAP50-95(B)``, ``fitness``, ...) and writes ``
 ``weights/last.pt``, ``weights/best.pt``, ``results.csv``, ``results.png`` and ``args.yaml``.
 
 Reading order: ``train`` -> ``_setup_train`` (build everything) -> ``_do_train`` (THE loop, top to bottom)
--> ``train_batch`` (one step: forward, loss, backward, optimizer) -> ``validate`` / ``save_model`` /
-``save_metrics`` (what happens at the end of an epoch). Recovery (non-finite loss, out of memory) lives in
-``recovery.py``, the CUDA-graph step in ``cudagraph.py``, AutoBatch in ``autobatch.py``.
+-> ``train_batch`` (one step: forward, loss, backward, optimizer) -> ``validate`` / ``save_model`` (what
+happens at the end of an epoch). What a run shows and writes (progress bar, results.csv/png, gradient
+norms, ``profile=True``'s time split, TensorBoard) lives in ``loggers.py``, driven by the callback events;
+what a checkpoint holds and how resume restores it in ``resume.py``; device, seeds and precision in
+``device.py``; recovery (non-finite loss, out of memory) in ``recovery.py``, the CUDA-graph step in
+``cudagraph.py``, AutoBatch in ``autobatch.py``.
 
 Extending
 ---------
@@ -20,7 +23,8 @@ or instantiate it directly:
 * ``get_model(cfg, weights=None)``  -> nn.Module (train mode returns the raw maps; needs ``nc``, ``stride``,
   ``reg_max``, ``forward_feats`` and ``decode`` for validation);
 * ``get_dataloader(img_path, batch_size, mode="train"|"val")`` -> an iterable of batches (yolofast format);
-* ``get_loss(model)`` -> ``loss(feats, batch) -> (total, items[box, cls, dfl])``, e.g. another cls loss;
+* ``get_loss(model)`` -> ``loss(feats, batch) -> (total, items[box, cls, dfl])``, e.g. another cls loss
+  (more items: append their names to ``trainer.loss_names``, which names the progress and CSV columns);
 * ``get_validator()`` -> ``validator(model) -> dict`` with ``fitness`` (e.g. a different metric).
 
     class FocalTrainer(Trainer):
@@ -33,15 +37,10 @@ or instantiate it directly:
 from __future__ import annotations
 
 import contextlib
-import csv
-import math
-import os
-import random
 import time
 import warnings
 from pathlib import Path
 
-import numpy as np
 import torch
 import yaml
 from torch import nn
@@ -49,21 +48,14 @@ from tqdm import tqdm
 
 from yolofast.cfg import DEFAULTS, CfgError, get_cfg
 from yolofast.engine import checkpoint as ckpt_io
-from yolofast.engine import cudagraph, elastic, optim
-from yolofast.engine.autobatch import (
-    MEMORY_COLUMNS,
-    autobatch,
-    autobatch_gt,
-    cpu_rss_gb,
-    memory_usage,
-    resolve_batch,
-)
-from yolofast.engine.callbacks import Callbacks
+from yolofast.engine import cudagraph, elastic, optim, resume
+from yolofast.engine.autobatch import autobatch, autobatch_gt, resolve_batch
+from yolofast.engine.callbacks import Callbacks, ValBatchEvents
 from yolofast.engine.compile import compile_mode, train_step_modules
 from yolofast.engine.cudagraph import GraphedTrainStep, graph_blockers, optimizer_kwargs
+from yolofast.engine.device import cpu_has_native_bf16, init_seeds, select_device, setup_amp
 from yolofast.engine.distributed import (
     PeerFailedError,
-    all_gather_objects,
     barrier,
     broadcast_flag,
     destroy_distributed,
@@ -74,44 +66,17 @@ from yolofast.engine.distributed import (
     is_main_process,
     is_peer_failure,
     rank0_broadcast,
-    restart_count,
     unwrap_model,
 )
+from yolofast.engine.gradnorm import GradNormStats
+from yolofast.engine.loggers import LOSS_NAMES, METRIC_COLUMNS, RESULTS_COLUMNS, default_loggers
+from yolofast.engine.profiler import make_profiler
 from yolofast.engine.recovery import NonFiniteGuard, OutOfMemoryHalving, is_out_of_memory
 from yolofast.engine.validate_args import validate_args
 
-__all__ = ["Trainer", "RESULTS_COLUMNS", "select_device", "increment_path", "init_seeds"]
-
-# results.csv columns: Ultralytics' names, so the tools that read its runs keep working.
-RESULTS_COLUMNS = (
-    "epoch", "time", "train/box_loss", "train/cls_loss", "train/dfl_loss", "metrics/precision(B)",
-    "metrics/recall(B)", "metrics/mAP50(B)", "metrics/mAP50-95(B)", "val/box_loss", "val/cls_loss",
-    "val/dfl_loss", "lr/pg0", "lr/pg1", "lr/pg2",
-) + MEMORY_COLUMNS  # appended after Ultralytics' columns: CPU RSS and CUDA reserved per epoch
-_METRIC_KEYS = RESULTS_COLUMNS[5:12]
-
-
-def select_device(device=None) -> torch.device:
-    """None -> cuda:0 if available else cpu; "cpu", 0, "0", "cuda", "cuda:1" (Ultralytics' forms)."""
-    if isinstance(device, torch.device):
-        return device
-    if device is None or str(device).strip() == "":
-        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
-    s = str(device).strip().lower()
-    if s.replace(",", "").isdigit():
-        if "," in s:
-            raise CfgError(f"device={device!r}: several GPUs need torchrun (one process per GPU); pass one")
-        s = f"cuda:{s}"
-    try:
-        dev = torch.device(s)
-    except RuntimeError as e:
-        raise CfgError(f"device={device!r} is not a device; use cpu, 0, cuda or cuda:N") from e
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise CfgError(f"device={device!r} asks for CUDA but torch.cuda.is_available() is False "
-                       f"(torch {torch.__version__}); use device=cpu")
-    if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
-        raise CfgError(f"device={device!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
-    return dev
+# select_device, init_seeds, cpu_has_native_bf16: yolofast/engine/device.py (re-exported here)
+__all__ = ["Trainer", "RESULTS_COLUMNS", "cpu_has_native_bf16", "select_device", "increment_path",
+           "init_seeds"]
 
 
 def increment_path(path: str | Path, exist_ok: bool = False) -> Path:
@@ -123,53 +88,6 @@ def increment_path(path: str | Path, exist_ok: bool = False) -> Path:
     while (p := path.with_name(f"{path.name}{n}")).exists():
         n += 1
     return p
-
-
-def init_seeds(seed: int = 0, deterministic: bool = True) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)  # also seeds every CUDA device
-    if deterministic:
-        # cuBLAS needs a fixed workspace to be deterministic (CUDA >= 10.2); warn_only: a few CUDA ops
-        # (e.g. index_put backward) have no deterministic kernel and would otherwise raise.
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True, warn_only=True)
-        torch.backends.cudnn.deterministic = True
-        torch.backends.cudnn.benchmark = False
-
-
-def cpu_has_native_bf16() -> bool:
-    """True on x86 CPUs with AVX512-BF16 or AMX-BF16 (Linux /proc/cpuinfo flags) that oneDNN uses."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            flags = next((line for line in f if line.startswith("flags")), "").split()
-    except OSError:
-        return False
-    return bool({"avx512_bf16", "amx_bf16"} & set(flags)) and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-
-
-def _memory_gb(device: torch.device) -> float:
-    """For the progress bar: CUDA memory reserved now, or this process's resident set size."""
-    return torch.cuda.memory_reserved(device) / 1e9 if device.type == "cuda" else cpu_rss_gb()
-
-
-class _ValBatchEvents:
-    """Wraps a validation loader so ``on_val_batch_start/end`` fire around every batch the validator runs."""
-
-    def __init__(self, loader, fire):
-        self.loader, self.fire = loader, fire
-
-    def __len__(self):
-        return len(self.loader)
-
-    def __getattr__(self, name):  # dataset, batch_size, ... of the wrapped loader
-        return getattr(self.loader, name)
-
-    def __iter__(self):
-        for batch in self.loader:
-            self.fire("on_val_batch_start")
-            yield batch
-            self.fire("on_val_batch_end")
 
 
 class Trainer:
@@ -192,9 +110,9 @@ class Trainer:
         self.callbacks = _callbacks or Callbacks()
 
         self.resume_ckpt = None
-        elastic_dir = None if self.args.resume else self._elastic_restart(overrides)
-        if self.args.resume:
-            self._load_resume_args(overrides)
+        elastic_dir = None if self.args.resume else resume.elastic_restart(self.args)  # sets args.resume
+        if self.args.resume:  # the run's own recipe, its last.pt and the checkpoint (resume.py)
+            self.args, self.resume_ckpt, self._resume_state = resume.load_resume_args(self.args, overrides)
         self.device = select_device(self.args.device)
         self.rank, self.world_size = get_rank(), get_world_size()
 
@@ -229,8 +147,12 @@ class Trainer:
         self.fitness = None
         self.metrics: dict = {}
         self.tloss = None
+        self.loss_names = list(LOSS_NAMES)  # the loss items' names: progress header, results.csv, TensorBoard
         self.stop = False
         self.train_time = 0.0  # seconds, carried across resumes for results.csv's `time`
+        self.grad_norm = GradNormStats(max_norm=10.0)  # pre-clip norm of every optimizer step (gradnorm.py)
+        self.prof = make_profiler(self.args.profile, self.device)  # profile=True: the epoch's time split
+        self.loggers = default_loggers(self)  # progress bar, results.csv/png, TensorBoard (loggers.py)
 
     # ------------------------------------------------------------------ public API
     def add_callback(self, event: str, fn) -> None:
@@ -241,6 +163,7 @@ class Trainer:
         self.callbacks.set(event, [fn])
 
     def run_callbacks(self, event: str) -> None:
+        self.loggers.run(event, self)  # first: a user's callback finds this epoch's row in results.csv
         self.callbacks.run(event, self)
 
     def train(self) -> dict:
@@ -275,7 +198,9 @@ class Trainer:
                 raise CfgError(f"the given model predicts {model.nc} classes but data '{self.args.data}' has "
                                f"nc={nc}; build it with build_model(cfg, nc={nc})")
         elif isinstance(cfg, (str, Path)) and str(cfg).endswith(".pt"):
-            model = self._model_from_weights(cfg, nc, names)
+            from yolofast.io.transfer import model_from_weights
+
+            model = model_from_weights(cfg, nc, names, log=self.log)  # class rows carried over by name
         else:
             model = build_model(cfg, nc=nc, verbose=self.args.verbose and is_main_process())
         if weights is not None:
@@ -283,28 +208,6 @@ class Trainer:
         model.names = names
         for n, p in model.named_parameters():  # the DFL's fixed 0..15 bin weights stay frozen (DDP needs
             p.requires_grad_(".dfl." not in n)  # every trainable parameter to get a gradient)
-        return model
-
-    def _model_from_weights(self, path, nc: int, names: dict) -> nn.Module:
-        """A fresh model of the checkpoint's architecture for the data's classes, started from its weights
-        (yolofast's or Ultralytics' .pt, read safely); class rows are carried over by class name."""
-        from yolofast.io import read_checkpoint
-        from yolofast.io.transfer import transfer_weights
-        from yolofast.nn import build_model
-
-        if not Path(path).is_file():
-            raise CfgError(f"model={str(path)!r}: checkpoint not found (yolofast downloads no weights; use "
-                           f"'yolov8n' to train from scratch or a path to a yolofast or Ultralytics .pt)")
-        src = read_checkpoint(path)
-        if src["cfg"] is None:
-            raise CfgError(f"model={str(path)!r} holds a custom {src['arch']} without a model config; pass "
-                           f"the module itself (Trainer(model=module)) with its weights loaded")
-        model = build_model(src["cfg"], nc=nc)
-        names = dict(enumerate(names)) if isinstance(names, (list, tuple)) else dict(names)
-        names = {int(k): str(v) for k, v in names.items()}
-        n = transfer_weights(model, src["state_dict"], src["names"], names)
-        self.log(f"Transferred {n['tensors']}/{n['total']} tensors, {n['rows']}/{n['classes']} class rows "
-                 f"from {path} ({src['source']} {src['arch']}, {src['nc']} classes)")
         return model
 
     def get_dataloader(self, img_path, batch_size: int = 16, mode: str = "train"):
@@ -354,55 +257,6 @@ class Trainer:
         if self.args.verbose and is_main_process():
             tqdm.write(msg)
 
-    def _load_resume_args(self, overrides: dict) -> None:
-        r = self.args.resume
-        path = ckpt_io.find_last_checkpoint(self.args.project) if r is True else Path(str(r))
-        ckpt = ckpt_io.load_checkpoint(path)
-        args = ckpt_io.resume_args(ckpt, path, overrides)  # safe overrides honoured, the others refused
-        ckpt_io.remove_stale_temps(Path(path).parent)  # a save killed before its rename
-        self.args = get_cfg(**args)
-        self.resume_ckpt = str(path)
-        self._resume_state = ckpt
-
-    def _elastic_restart(self, overrides: dict) -> Path | None:
-        """Under a torchrun restart, this run's folder (elastic.py); sets ``resume`` to its last.pt when it
-        has one, so the restarted group continues the run instead of starting a new one."""
-        folder = elastic.restarted_run(self.args.project, self.args.name or "train")
-        if folder is None:
-            return None
-        last = folder / "weights" / "last.pt"
-        if last.is_file():
-            self.args.resume = str(last)
-            if is_main_process():
-                tqdm.write(f"torchrun restart {restart_count()}: resuming {last}")
-        else:
-            (folder / "results.csv").unlink(missing_ok=True)  # rows of an epoch no checkpoint holds
-        return folder
-
-    def _setup_amp(self) -> None:
-        """bf16 autocast where the hardware does bf16 natively (no scaler), fp16 + GradScaler on older GPUs,
-        fp32 otherwise or when ``amp=False``.
-
-        CPU: amp=True means bf16 only on CPUs with native bf16 (AVX512-BF16 or AMX). There, the whole yolov8n
-        step at 320 px batch 16 ran 1.9x faster than fp32 (34.0 vs 18.2 images/s, 2 threads,
-        benchmarks/bench_train_step.py); CPUs without it emulate bf16 and are slower than fp32.
-        """
-        a, dev = self.args.amp, self.device.type
-        want = str(a).lower() if not isinstance(a, bool) else ("auto" if a else "off")
-        if want not in ("auto", "off", "bf16", "fp16", "true", "false"):
-            raise CfgError(f"amp={a!r}: use True, False, 'bf16' or 'fp16'")
-        dtype = None
-        if dev == "cuda" and want in ("auto", "true"):
-            dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        elif want == "bf16" or (dev == "cpu" and want in ("auto", "true") and cpu_has_native_bf16()):
-            dtype = torch.bfloat16
-        elif want == "fp16":
-            if dev != "cuda":
-                raise CfgError("amp='fp16' needs a CUDA device; on CPU use amp='bf16' or amp=False")
-            dtype = torch.float16
-        self.amp_dtype = dtype
-        self.scaler = torch.amp.GradScaler(dev, enabled=dtype is torch.float16)
-
     def autocast(self):
         if self.amp_dtype is None:
             return contextlib.nullcontext()
@@ -424,7 +278,7 @@ class Trainer:
         else:
             src = self._model_obj if self._model_obj is not None else a.model
         self.model = self.get_model(src).to(self.device)
-        self._setup_amp()
+        self.amp_dtype, self.scaler = setup_amp(self.args.amp, self.device)  # bf16/fp16/fp32 (device.py)
         # NHWC lets oneDNN/cuDNN pick their fast conv kernels: on the 2-core dev CPU the yolov8n step ran
         # 1.19x faster in fp32 (21.7 vs 18.2 images/s) and 1.08x in bf16 (36.9 vs 34.0).
         self.channels_last = self.device.type in ("cuda", "cpu")
@@ -466,28 +320,12 @@ class Trainer:
 
         nb = len(self.train_loader)
         self.accumulate = optim.accumulate_steps(a.nbs, a.batch)
-        decay = optim.scaled_weight_decay(a.weight_decay, a.batch, self.accumulate, a.nbs)
-        # Optimizer steps of the run, for optimizer=auto: images / max(batch, nbs) per epoch.
-        iterations = math.ceil(len(self.train_loader.dataset) / max(a.batch, a.nbs)) * self.epochs
         graph_why = graph_blockers(self.device, compile_mode(a.compile)[0], self.world_size > 1,
                                    self.accumulate, self.scaler.is_enabled()) if a.cuda_graph else None
-        name, lr, momentum = a.optimizer, a.lr0, a.momentum
-        if name == "auto" and self.resume_ckpt is not None and self._resume_state.get("optimizer_auto"):
-            # The resumed run's own choice: extending `epochs` changes the iteration count auto decides by,
-            # and an SGD cannot load an AdamW state.
-            name, lr, momentum = self._resume_state["optimizer_auto"]
-        self.optimizer, name, lr, momentum = optim.build_optimizer(
-            self.model, name, lr, momentum, decay, iterations, nc=self.data["nc"],
-            extra=optimizer_kwargs if graph_why == [] else None)
-        self.optimizer_auto = (name, lr, momentum) if a.optimizer == "auto" else None
-        if a.optimizer == "auto":
-            # The 0.1 bias warmup lr is sized for SGD lr 0.01; from an auto-chosen lr it would blow up biases.
-            self.warmup_bias_lr = 0.0
-            self.log(f"optimizer: 'optimizer=auto' -> {name}(lr={lr}, momentum={momentum}) "
-                     f"for {iterations} iterations")
-        else:
-            self.warmup_bias_lr = a.warmup_bias_lr
-        self.momentum = momentum
+        resumed_auto = self._resume_state.get("optimizer_auto") if self.resume_ckpt is not None else None
+        self.optimizer, self.optimizer_auto, self.momentum, self.warmup_bias_lr = optim.recipe_optimizer(
+            self.model, a, len(self.train_loader.dataset), self.accumulate, self.data["nc"], resumed_auto,
+            extra=optimizer_kwargs if graph_why == [] else None, log=self.log)
         self.lf = optim.lr_lambda(self.epochs, a.lrf, a.cos_lr)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda=self.lf)
         self.nb = nb
@@ -501,70 +339,9 @@ class Trainer:
                                           self.amp_dtype, gt_bucket=bucket, batch_size=self.batch_size)
 
         if self.resume_ckpt is not None:
-            self._restore(self._resume_state)
+            resume.restore(self, self._resume_state)  # model, EMA, optimizer, ..., RNG: resume.py
             del self._resume_state
-        self._check_ranks_agree()
-
-    def _check_ranks_agree(self) -> None:
-        """Every rank starts at the same epoch of the same run, or none trains: a rank that resumed alone
-        (a node that cannot see the run folder) would run other epochs and wait in an all-reduce."""
-        if self.world_size <= 1:
-            return
-        starts = all_gather_objects((self.start_epoch, self.save_dir.name))
-        if len(set(starts)) > 1:
-            where = ", ".join(f"rank {r}: epoch {e + 1} of '{n}'" for r, (e, n) in enumerate(starts))
-            raise CfgError(f"the ranks would start at different points ({where}): put project="
-                           f"{self.args.project} on a file system every node sees, or pass the same resume= "
-                           f"path to every node")
-
-    def _rng_generators(self) -> dict:
-        """Loader-owned generators (shuffle order, worker seeds) that must resume where they stopped."""
-        gens = {}
-        loader = self.train_loader
-        if isinstance(getattr(loader, "generator", None), torch.Generator):
-            gens["loader"] = loader.generator
-        sampler = getattr(loader, "sampler", None)
-        if isinstance(getattr(sampler, "generator", None), torch.Generator):
-            gens["sampler"] = sampler.generator
-        return gens
-
-    def _rng_state(self) -> dict:
-        state = ckpt_io.rng_state(self._rng_generators())
-        # The dataset's own augmentation generator (in-process loading, workers=0). With workers > 0 each
-        # persistent worker holds its own copy, out of a checkpoint's reach: resume is exact for workers=0.
-        ds_rng = getattr(self.train_loader.dataset, "rng", None)
-        if isinstance(ds_rng, np.random.Generator):
-            state["dataset"] = ds_rng.bit_generator.state
-        return state
-
-    def _restore(self, ckpt: dict) -> None:
-        """Everything a resumed run needs to continue exactly as if it had never stopped."""
-        self.start_epoch = ckpt["epoch"] + 1
-        unwrap_model(self.model).load_state_dict(ckpt["model"].state_dict())
-        self.ema.load_state_dict({"ema": ckpt["ema"].state_dict(), "updates": ckpt["updates"]})
-        self.optimizer.load_state_dict(ckpt["optimizer"])
-        self.scaler.load_state_dict(ckpt["scaler"])
-        self.scheduler.load_state_dict(ckpt["scheduler"])
-        self.best_fitness, self.best_epoch = ckpt["best_fitness"], ckpt.get("best_epoch", -1)
-        self.metrics = ckpt.get("train_metrics") or {}
-        self.train_time = ckpt.get("train_time", 0.0)
-        closes_at = self.epochs - self.args.close_mosaic  # the loop's test; < 0 (a short run): never
-        if self.args.close_mosaic and 0 <= closes_at < self.start_epoch:
-            self._close_mosaic()
-        rng = ckpt["rng"]
-        if len(ckpt.get("rng_ranks") or ()) == self.world_size > 1:  # this rank's own streams (save_model)
-            rng = ckpt["rng_ranks"][self.rank]
-        ckpt_io.set_rng_state(rng, self._rng_generators())
-        ds_rng = getattr(self.train_loader.dataset, "rng", None)
-        if isinstance(ds_rng, np.random.Generator) and "dataset" in rng:
-            ds_rng.bit_generator.state = rng["dataset"]
-        if self.csv.exists():  # drop rows of epochs the checkpoint does not hold (crash after the csv write)
-            with open(self.csv, newline="", encoding="utf-8") as f:
-                rows = [r for r in csv.DictReader(f) if int(float(r["epoch"])) <= self.start_epoch]
-            self.csv.unlink()
-            for r in rows:
-                self._write_csv_row(r)
-        self.log(f"Resuming {self.resume_ckpt} from epoch {self.start_epoch + 1} to {self.epochs}")
+        resume.check_ranks_agree(self)
 
     def _close_mosaic(self) -> None:
         ds = getattr(self.train_loader, "dataset", None)
@@ -600,8 +377,9 @@ class Trainer:
             self.run_callbacks("on_train_epoch_start")
             self.nonfinite.snapshot()  # the last good state a run of non-finite losses falls back to
             self.tloss = None
-            pbar = self._progress(epoch)
-            for i, batch in pbar:
+            self.prof.reset()
+            for i, batch in self._epoch_batches():
+                self.batch_i = i
                 self.run_callbacks("on_train_batch_start")
                 ni = i + self.nb * epoch  # iterations since the run began
                 if ni <= self.nw and self.nw > 0:
@@ -614,7 +392,8 @@ class Trainer:
                         if "momentum" in g:  # SGD/RMSProp only; Adam's beta1 stays `momentum`
                             g["momentum"] = mom
 
-                batch = self.preprocess_batch(batch)
+                self.batch = batch = self.preprocess_batch(batch)
+                self.prof.mark("data")
                 try:
                     items = self.train_batch(batch, epoch, i, ni)
                 except RuntimeError as e:  # out of memory: half the batch; this batch's images come next
@@ -622,21 +401,18 @@ class Trainer:
                         raise
                     i = self.oom.halve(e, epoch, i, self.epoch_images)
                     self.last_opt_step = i + self.nb * epoch - 1
-                    pbar.total, pbar.n = self.nb, i
                     continue
                 if items is None:  # non-finite loss: the step was skipped (recovery.py)
                     continue
 
-                items = items.detach().float().cpu()
+                self.loss_items = items = items.detach().float().cpu()
                 self.tloss = items if self.tloss is None else (self.tloss * i + items) / (i + 1)
-                if a.verbose and is_main_process():
-                    pbar.set_description(self._progress_line(epoch, batch))
                 self.run_callbacks("on_train_batch_end")
+                self.prof.mark("other")
                 if a.time and broadcast_flag(time.time() - t_start > a.time * 3600):  # ranks stop together
                     self.stop = True
                     self.log(f"Time limit of {a.time} h reached in epoch {epoch + 1}; stopping")
                     break
-            pbar.close()
 
             self.lr = {f"lr/pg{j}": float(g["lr"]) for j, g in enumerate(opt.param_groups)}
             self.run_callbacks("on_train_epoch_end")
@@ -644,7 +420,9 @@ class Trainer:
             self.run_callbacks("on_params_update")
 
             if a.val or epoch + 1 == self.epochs or self.stop:  # self.stop here: the time limit
+                self.prof.mark("other")
                 self.metrics, self.fitness = rank0_broadcast(self.validate)  # rank 0 validates
+                self.prof.mark("val")
                 if self.best_fitness is None or self.fitness > self.best_fitness:
                     self.best_fitness, self.best_epoch = self.fitness, epoch
                 if a.patience and epoch - self.best_epoch >= a.patience:
@@ -653,20 +431,15 @@ class Trainer:
                              f"epoch {self.best_epoch + 1} (fitness {self.best_fitness:.4f})")
             final = epoch + 1 == self.epochs or self.stop
             self.train_time = time.time() - t_start
-            self.save_metrics()
             if a.save or final:
                 self.save_model()
                 self.run_callbacks("on_model_save")
-            self.run_callbacks("on_fit_epoch_end")
+            self.run_callbacks("on_fit_epoch_end")  # results.csv is written here (loggers.py)
             if self.stop:
                 break
         self.epoch = epoch
         self._final_eval()
-        if a.plots and is_main_process() and self.csv.exists():
-            from yolofast.engine.plots import plot_results
-
-            plot_results(self.csv)
-        self.run_callbacks("on_train_end")
+        self.run_callbacks("on_train_end")  # results.png (loggers.py)
         hours = (time.time() - t_start) / 3600
         self.log(f"\n{epoch - self.start_epoch + 1} epochs completed in {hours:.3f} hours "
                  f"({hours * 60:.1f} min).\nResults saved to {self.save_dir.resolve()}"
@@ -681,21 +454,26 @@ class Trainer:
                 return self._graph_step_done(out, batch, epoch, i, ni)
         with self.autocast():
             feats = self.train_model(batch["img"])
+        self.prof.mark("forward")
         loss, items = self.train_loss([f.float() for f in feats], batch)  # loss in fp32
         if not self.nonfinite.check(loss, batch, epoch, i):  # skipped; restores or raises (recovery.py)
             self.optimizer.zero_grad(set_to_none=True)
             self.last_opt_step = ni
             return None
+        self.prof.mark("loss")
         self.scaler.scale(loss).backward()
+        self.prof.mark("backward")
         # The last batch of an epoch always steps: no gradient crosses an epoch boundary, so a checkpoint
         # holds everything and a resumed run is exact.
         if ni - self.last_opt_step >= self.accumulate or i == self.nb - 1:
             self.optimizer_step()
             self.last_opt_step = ni
+            self.prof.mark("optimizer")
         return items
 
     def _graph_step_done(self, out, batch: dict, epoch: int, i: int, ni: int) -> torch.Tensor | None:
-        loss, items = out
+        loss, items, grad_norm = out
+        self.prof.mark("graph_step")
         if not self.nonfinite.check(loss, batch, epoch, i):
             # The replayed step is already applied (a graph cannot skip it): back to the last good state,
             # and the eager step, which can, from here on.
@@ -704,6 +482,7 @@ class Trainer:
                 self.nonfinite.restore(count=False)  # not the loss's fault: the graph could not skip
             return None
         self.last_opt_step = ni
+        self.grad_norm.add(grad_norm)
         self.run_callbacks("optimizer_step")
         self.run_callbacks("on_before_zero_grad")
         return items
@@ -721,7 +500,7 @@ class Trainer:
         """unscale -> clip_grad_norm_(10.0) -> step -> scaler update -> zero_grad -> EMA update."""
         self.scaler.unscale_(self.optimizer)
         # 10.0 bounds the rare huge gradients of early iterations (loss is × batch); normal ones pass.
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=10.0)
+        self.grad_norm.add(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=10.0))
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.run_callbacks("optimizer_step")
@@ -734,13 +513,13 @@ class Trainer:
     def validate(self) -> tuple[dict, float]:
         """Validate the EMA model; returns (metrics, fitness = mAP50-95)."""
         v = self.validator
-        if hasattr(v, "dataloader") and not isinstance(v.dataloader, _ValBatchEvents):
-            v.dataloader = _ValBatchEvents(v.dataloader, self.run_callbacks)
+        if hasattr(v, "dataloader") and not isinstance(v.dataloader, ValBatchEvents):
+            v.dataloader = ValBatchEvents(v.dataloader, self.run_callbacks)
         self.run_callbacks("on_val_start")
         metrics = dict(v(self.ema.ema))
         fitness = metrics.get("fitness", metrics.get("metrics/mAP50-95(B)"))
         if fitness is None:  # a custom validator without mAP: lower validation loss is better
-            fitness = -sum(metrics.get(k, 0.0) for k in _METRIC_KEYS[4:])
+            fitness = -sum(metrics.get(k, 0.0) for k in METRIC_COLUMNS[4:])
         self.metrics = metrics
         self.run_callbacks("on_val_end")
         return metrics, float(fitness)
@@ -785,73 +564,14 @@ class Trainer:
             decay = optim.scaled_weight_decay(a.weight_decay, a.batch, self.accumulate, a.nbs)
             self.optimizer.param_groups[1]["weight_decay"] = decay
 
-    def _progress(self, epoch: int):
-        it = self._epoch_batches()
-        if not (self.args.verbose and is_main_process()):
-            return tqdm(it, total=self.nb, disable=True)
-        mem = "GPU_mem" if self.device.type == "cuda" else "CPU_mem"
-        tqdm.write(("\n" + "%11s" * 8) % ("Epoch", mem, "box_loss", "cls_loss", "dfl_loss", "Instances",
-                                          "Size", "lr"))
-        return tqdm(it, total=self.nb, bar_format="{l_bar}{bar:10}{r_bar}")
-
-    def _progress_line(self, epoch: int, batch: dict) -> str:
-        mem = f"{_memory_gb(self.device):.3g}G"
-        lr = self.optimizer.param_groups[1]["lr"]
-        return ("%11s" * 2 + "%11.4g" * 3 + "%11i" * 2 + "%11.3g") % (
-            f"{epoch + 1}/{self.epochs}", mem, *self.tloss.tolist(), batch["cls"].shape[0],
-            batch["img"].shape[-1], lr)
-
-    def save_metrics(self) -> None:
-        if not is_main_process():
-            return
-        tl = self.tloss.tolist() if self.tloss is not None else [float("nan")] * 3
-        row = {"epoch": self.epoch + 1, "time": round(self.train_time, 3),
-               "train/box_loss": tl[0], "train/cls_loss": tl[1], "train/dfl_loss": tl[2]}
-        row.update({k: self.metrics.get(k, float("nan")) for k in _METRIC_KEYS})
-        row.update({f"lr/pg{j}": self.lr.get(f"lr/pg{j}", float("nan")) for j in range(3)})
-        row.update(memory_usage(self.device))
-        self._write_csv_row(row)
-        if self.args.verbose and self.metrics and (self.args.val or self.epoch + 1 == self.epochs):
-            self.log(f"{'':>22}mAP50 {self.metrics.get('metrics/mAP50(B)', 0):.4f}  mAP50-95 "
-                     f"{self.metrics.get('metrics/mAP50-95(B)', 0):.4f}")
-
-    def _write_csv_row(self, row: dict) -> None:
-        new = not self.csv.exists()
-        with open(self.csv, "a", newline="", encoding="utf-8") as f:
-            w = csv.DictWriter(f, fieldnames=RESULTS_COLUMNS, extrasaction="ignore")
-            if new:
-                w.writeheader()
-            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
-
-    def _checkpoint(self) -> dict:
-        args = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(self.args).items()}
-        return {
-            "epoch": self.epoch,
-            "best_fitness": self.best_fitness,
-            "best_epoch": self.best_epoch,
-            # fp32 modules (not halved): resume must continue from exactly these numbers.
-            "model": unwrap_model(self.model),
-            "ema": self.ema.ema,
-            "updates": self.ema.updates,
-            "optimizer": self.optimizer.state_dict(),
-            "optimizer_auto": self.optimizer_auto,  # what optimizer=auto chose: a resume keeps it
-            "scaler": self.scaler.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "train_args": args,
-            "train_metrics": dict(self.metrics),
-            "train_time": self.train_time,
-            "rng": self._rng_state(),
-            **ckpt_io.checkpoint_meta(),
-        }
-
     def save_model(self) -> None:
         """last.pt every time; best.pt when this epoch has the best fitness; epoch{N}.pt every save_period."""
         # Each rank draws its own augmentations: rank 0's checkpoint holds every rank's RNG state, so that
         # a resumed (or torchrun-restarted) group continues each stream where it stopped.
-        rng_ranks = gather_to_rank0(self._rng_state()) if self.world_size > 1 else None
+        rng_ranks = gather_to_rank0(resume.rng_state(self)) if self.world_size > 1 else None
         if not is_main_process():
             return
-        ckpt = self._checkpoint()
+        ckpt = resume.trainer_checkpoint(self)
         if rng_ranks is not None:
             ckpt["rng_ranks"] = rng_ranks
         ckpt_io.save_checkpoint(ckpt, self.last)

@@ -13,7 +13,7 @@ import re
 import torch
 from torch import nn
 
-__all__ = ["transfer_weights", "class_row_keys"]
+__all__ = ["transfer_weights", "class_row_keys", "model_from_weights"]
 
 
 def class_row_keys(model: nn.Module) -> list[str]:
@@ -53,3 +53,29 @@ def transfer_weights(model: nn.Module, src: dict[str, torch.Tensor], src_names: 
         matched = []
     return {"tensors": copied, "total": len(own), "rows": len(matched), "classes": len(dst_names),
             "matched": matched}
+
+
+def model_from_weights(path, nc: int, names, log=print) -> nn.Module:
+    """A fresh model of the checkpoint's architecture for ``nc`` classes ``names``, started from its weights
+    (yolofast's or Ultralytics' .pt, read safely); class rows are carried over by class name. The
+    trainer's ``model=path.pt``."""
+    from pathlib import Path
+
+    from yolofast.cfg import CfgError
+    from yolofast.io import read_checkpoint
+    from yolofast.nn import build_model
+
+    if not Path(path).is_file():
+        raise CfgError(f"model={str(path)!r}: checkpoint not found (yolofast downloads no weights; use "
+                       f"'yolov8n' to train from scratch or a path to a yolofast or Ultralytics .pt)")
+    src = read_checkpoint(path)
+    if src["cfg"] is None:
+        raise CfgError(f"model={str(path)!r} holds a custom {src['arch']} without a model config; pass "
+                       f"the module itself (Trainer(model=module)) with its weights loaded")
+    model = build_model(src["cfg"], nc=nc)
+    names = dict(enumerate(names)) if isinstance(names, (list, tuple)) else dict(names)
+    names = {int(k): str(v) for k, v in names.items()}
+    n = transfer_weights(model, src["state_dict"], src["names"], names)
+    log(f"Transferred {n['tensors']}/{n['total']} tensors, {n['rows']}/{n['classes']} class rows "
+        f"from {path} ({src['source']} {src['arch']}, {src['nc']} classes)")
+    return model
