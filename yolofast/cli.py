@@ -39,7 +39,7 @@ commands:
 `yolofast detect train ...` is `yolofast train ...`."""
 
 _VAL_KEYS = ("model", "data", "imgsz", "batch", "conf", "iou", "max_det", "device", "workers", "half",
-             "verbose", "split", "map_convention")
+             "verbose", "split", "map_convention", "rect", "save_json", "single_cls", "quantize")
 _SHAPES = ("shapes", "shapes.yaml")
 
 
@@ -152,6 +152,10 @@ def cmd_val(argv) -> int:
     from yolofast.engine.trainer import select_device
 
     args["device"] = select_device(args.get("device"))
+    if "quantize" in args:  # 16/fp16: autocast, as half=True; 32/fp32: fp32
+        from yolofast.cfg import quantize_half
+
+        args["half"] = quantize_half(args.pop("quantize"), args.get("half", False))
     metrics = validate(ckpt, data, **args)
     print(" ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, float)))
     return 0

@@ -47,9 +47,9 @@ import yaml
 from torch import nn
 from tqdm import tqdm
 
-from yolofast.cfg import DEFAULTS, CfgError, get_cfg
+from yolofast.cfg import DEFAULTS, CfgError, get_cfg, quantize_half
 from yolofast.engine import checkpoint as ckpt_io
-from yolofast.engine import cudagraph, elastic, optim
+from yolofast.engine import cudagraph, elastic, model_keys, optim
 from yolofast.engine.autobatch import (
     MEMORY_COLUMNS,
     autobatch,
@@ -61,6 +61,8 @@ from yolofast.engine.autobatch import (
 from yolofast.engine.callbacks import Callbacks
 from yolofast.engine.compile import compile_mode, train_step_modules
 from yolofast.engine.cudagraph import GraphedTrainStep, graph_blockers, optimizer_kwargs
+from yolofast.engine.freeze import freeze_bn
+from yolofast.engine.multiscale import random_size, resize_batch
 from yolofast.engine.distributed import (
     PeerFailedError,
     all_gather_objects,
@@ -89,6 +91,7 @@ RESULTS_COLUMNS = (
     "val/dfl_loss", "lr/pg0", "lr/pg1", "lr/pg2",
 ) + MEMORY_COLUMNS  # appended after Ultralytics' columns: CPU RSS and CUDA reserved per epoch
 _METRIC_KEYS = RESULTS_COLUMNS[5:12]
+_VAL_CONF = 0.001  # what conf=None means for validation (Ultralytics' val default)
 
 
 def select_device(device=None) -> torch.device:
@@ -202,6 +205,11 @@ class Trainer:
         from yolofast.data import check_data
 
         self.data = check_data(self.args.data)  # fails fast (DataError) on a wrong yaml
+        if self.args.single_cls:  # labels are still checked against the data's own classes
+            self.data = {**self.data, "label_nc": self.data["nc"], "nc": 1, "names": {0: "item"}}
+        if self.args.rect and self.world_size > 1:
+            raise CfgError("rect=True trains in one process only (its batches follow one sorted order); "
+                           "drop rect or run without torchrun")
         if self.args.split not in self.data:
             raise CfgError(f"split={self.args.split!r} but the data has no such split "
                            f"(it has {', '.join(k for k in ('train', 'val', 'test') if k in self.data)})")
@@ -275,52 +283,82 @@ class Trainer:
                 raise CfgError(f"the given model predicts {model.nc} classes but data '{self.args.data}' has "
                                f"nc={nc}; build it with build_model(cfg, nc={nc})")
         elif isinstance(cfg, (str, Path)) and str(cfg).endswith(".pt"):
-            model = self._model_from_weights(cfg, nc, names)
+            model = self._model_from_weights(cfg, nc, names, load=self.args.pretrained is not False)
         else:
             model = build_model(cfg, nc=nc, verbose=self.args.verbose and is_main_process())
+            if isinstance(self.args.pretrained, str):  # pretrained=path: that file's weights into `model`
+                self._transfer(model, self.args.pretrained, names)
         if weights is not None:
             model.load_state_dict(weights.state_dict() if isinstance(weights, nn.Module) else weights)
         model.names = names
         for n, p in model.named_parameters():  # the DFL's fixed 0..15 bin weights stay frozen (DDP needs
             p.requires_grad_(".dfl." not in n)  # every trainable parameter to get a gradient)
+        self.frozen = model_keys.apply_freeze(model, self.args, self.log)
         return model
 
-    def _model_from_weights(self, path, nc: int, names: dict) -> nn.Module:
+    def _model_from_weights(self, path, nc: int, names: dict, load: bool = True) -> nn.Module:
         """A fresh model of the checkpoint's architecture for the data's classes, started from its weights
-        (yolofast's or Ultralytics' .pt, read safely); class rows are carried over by class name."""
-        from yolofast.io import read_checkpoint
-        from yolofast.io.transfer import transfer_weights
+        (yolofast's or Ultralytics' .pt, read safely; ``load=False``: pretrained=False, architecture only);
+        class rows are carried over by class name (cls_remap=True) or index."""
         from yolofast.nn import build_model
 
-        if not Path(path).is_file():
-            raise CfgError(f"model={str(path)!r}: checkpoint not found (yolofast downloads no weights; use "
-                           f"'yolov8n' to train from scratch or a path to a yolofast or Ultralytics .pt)")
-        src = read_checkpoint(path)
+        src = self._read_weights(path, "model")
         if src["cfg"] is None:
             raise CfgError(f"model={str(path)!r} holds a custom {src['arch']} without a model config; pass "
                            f"the module itself (Trainer(model=module)) with its weights loaded")
         model = build_model(src["cfg"], nc=nc)
+        if load:
+            self._transfer(model, path, names, src)
+        else:
+            self.log(f"pretrained=False: {path}'s architecture ({src['arch']}) with fresh weights")
+        return model
+
+    @staticmethod
+    def _read_weights(path, key: str) -> dict:
+        from yolofast.io import read_checkpoint
+
+        if not Path(path).is_file():
+            raise CfgError(f"{key}={str(path)!r}: checkpoint not found (yolofast downloads no weights; use "
+                           f"'yolov8n' to train from scratch or a path to a yolofast or Ultralytics .pt)")
+        return read_checkpoint(path)
+
+    def _transfer(self, model: nn.Module, path, names: dict, src: dict | None = None) -> None:
+        from yolofast.io.transfer import transfer_weights
+
+        src = src or self._read_weights(path, "pretrained")
         names = dict(enumerate(names)) if isinstance(names, (list, tuple)) else dict(names)
         names = {int(k): str(v) for k, v in names.items()}
-        n = transfer_weights(model, src["state_dict"], src["names"], names)
+        n = transfer_weights(model, src["state_dict"], src["names"], names, remap=self.args.cls_remap)
         self.log(f"Transferred {n['tensors']}/{n['total']} tensors, {n['rows']}/{n['classes']} class rows "
                  f"from {path} ({src['source']} {src['arch']}, {src['nc']} classes)")
-        return model
 
     def get_dataloader(self, img_path, batch_size: int = 16, mode: str = "train"):
         """A data loader over ``img_path``: augmented and shuffled for "train", plain for "val"."""
         from yolofast.data import build_dataloader, build_dataset
 
+        from yolofast.data.loader import split_fraction
+
         a = self.args
         hyp = {k: getattr(a, k) for k in ("hsv_h", "hsv_s", "hsv_v", "degrees", "translate", "scale", "shear",
-                                           "perspective", "flipud", "fliplr", "mosaic", "mixup")}
+                                           "perspective", "flipud", "fliplr", "mosaic", "mixup", "bgr", "cutmix",
+                                           "copy_paste")}
         train = mode == "train"
         stride = max(int(unwrap_model(self.model).stride.max()), 32) if hasattr(self, "model") else 32
+        # Ultralytics validates in rect batches (half a stride of padding): with map_convention=ultralytics
+        # to reproduce its numbers, or when rect=True asks for them.
+        rect = a.rect if train else (a.rect or a.map_convention == "ultralytics")
+        try:
+            fraction = split_fraction(a.fraction, "train" if train else a.split)
+        except ValueError as e:
+            raise CfgError(str(e)) from None
         dataset = build_dataset(img_path, imgsz=a.imgsz, augment=train, hyp=hyp, stride=stride, cache=a.cache,
-                                prefix=f"{mode}: ", nc=self.data["nc"])
+                                prefix=f"{mode}: ", nc=self.data.get("label_nc", self.data["nc"]),
+                                single_cls=a.single_cls, fraction=fraction, rect=rect, batch_size=batch_size,
+                                pad=0.0 if train else 0.5)
         rank = self.rank if train else -1  # validation runs on rank 0 over the whole split
-        return build_dataloader(dataset, batch_size, a.workers, shuffle=train, rank=rank, seed=a.seed,
-                                drop_last=train and self._static_batches(len(dataset), batch_size))
+        return build_dataloader(dataset, batch_size, a.workers, shuffle=train and not rect, rank=rank,
+                                seed=a.seed, drop_last=train and self._static_batches(len(dataset), batch_size),
+                                epoch_sampler=train)
 
     def _static_batches(self, n_images: int, batch_size: int) -> bool:
         """Drop an epoch's short last batch when the step is compiled or graphed: a batch of another size
@@ -336,18 +374,22 @@ class Trainer:
 
         m = unwrap_model(model)
         strides = tuple(float(s) for s in m.stride)
+        weights = model_keys.class_weights_for(self, m.nc)  # cls_pw
         loss = DetectionLoss(m.nc, reg_max=getattr(m, "reg_max", 16), strides=strides, box=self.args.box,
-                             cls=self.args.cls, dfl=self.args.dfl)
+                             cls=self.args.cls, dfl=self.args.dfl, class_weights=weights)
         return loss.to(self.device) if isinstance(loss, nn.Module) else loss
 
     def get_validator(self):
         """``validator(model) -> metrics dict`` over the ``split`` data, with the validation loss."""
         from yolofast.val import Validator
 
-        return Validator(self.val_loader, self.data["names"], conf=self.args.conf, iou=self.args.iou,
+        return Validator(self.val_loader, self.data["names"], conf=_VAL_CONF if self.args.conf is None else self.args.conf,
+                         iou=self.args.iou,
                          max_det=self.args.max_det, loss=self.criterion, device=self.device,
-                         half=self.amp_dtype is not None, progress=self.args.verbose and is_main_process(),
-                         map_convention=self.args.map_convention)
+                         half=quantize_half(self.args.quantize, self.amp_dtype is not None), progress=self.args.verbose and is_main_process(),
+                         map_convention=self.args.map_convention,
+                         save_json=self.save_dir / "predictions.json" if self.args.save_json else None,
+                         coco_json=self.data.get("coco_json"))
 
     # ------------------------------------------------------------------ setup
     def log(self, msg: str) -> None:
@@ -424,10 +466,11 @@ class Trainer:
         else:
             src = self._model_obj if self._model_obj is not None else a.model
         self.model = self.get_model(src).to(self.device)
+        self.stride = max(int(unwrap_model(self.model).stride.max()), 32)  # multi_scale rounds sizes to it
         self._setup_amp()
         # NHWC lets oneDNN/cuDNN pick their fast conv kernels: on the 2-core dev CPU the yolov8n step ran
         # 1.19x faster in fp32 (21.7 vs 18.2 images/s) and 1.08x in bf16 (36.9 vs 34.0).
-        self.channels_last = self.device.type in ("cuda", "cpu")
+        self.channels_last = self.device.type in ("cuda", "cpu") and a.channels_last is not False
         if self.channels_last:
             self.model.to(memory_format=torch.channels_last)
         self.model.train()
@@ -437,14 +480,13 @@ class Trainer:
             else:
                 warnings.warn("sync_bn=True needs DDP on CUDA (torchrun with nccl); BatchNorm statistics "
                               "stay per process", stacklevel=2)
-        self.criterion = self.get_loss(self.model)
-        # DDP wrap, loss x world size, torch.compile (model + whole loss): yolofast/engine/compile.py
-        self.train_model, self.train_loss = train_step_modules(self.model, self.criterion, self.device,
-                                                               a.compile, self.world_size)
-
         auto, fraction = resolve_batch(a.batch)
         self.batch_size = max(DEFAULTS["batch"] if auto else a.batch // self.world_size, 1)
         self.train_loader = self.get_dataloader(self.data["train"], self.batch_size, mode="train")
+        self.criterion = self.get_loss(self.model)  # after the loader: cls_pw counts its labels
+        # DDP wrap, loss x world size, torch.compile (model + whole loss): yolofast/engine/compile.py
+        self.train_model, self.train_loss = train_step_modules(self.model, self.criterion, self.device,
+                                                               a.compile, self.world_size)
         if auto and self.world_size > 1:
             # Profiling on rank 0 alone would run SyncBN / DDP collectives the other ranks never join.
             self.log(f"AutoBatch: single-process only; under DDP keeping batch {DEFAULTS['batch']} per rank "
@@ -471,6 +513,8 @@ class Trainer:
         iterations = math.ceil(len(self.train_loader.dataset) / max(a.batch, a.nbs)) * self.epochs
         graph_why = graph_blockers(self.device, compile_mode(a.compile)[0], self.world_size > 1,
                                    self.accumulate, self.scaler.is_enabled()) if a.cuda_graph else None
+        if graph_why is not None and (a.multi_scale or a.rect):  # a graph replays one input shape
+            graph_why.append(f"{'multi_scale' if a.multi_scale else 'rect'} changes the input shape per batch")
         name, lr, momentum = a.optimizer, a.lr0, a.momentum
         if name == "auto" and self.resume_ckpt is not None and self._resume_state.get("optimizer_auto"):
             # The resumed run's own choice: extending `epochs` changes the iteration count auto decides by,
@@ -588,6 +632,7 @@ class Trainer:
         for epoch in range(self.start_epoch, self.epochs):
             self.epoch = epoch
             model.train()
+            freeze_bn(model, getattr(self, "frozen", None))  # frozen layers keep their BatchNorm statistics
             sampler = getattr(self.train_loader, "sampler", None)
             if hasattr(sampler, "set_epoch"):
                 sampler.set_epoch(epoch)
@@ -713,6 +758,9 @@ class Trainer:
         dev = self.device
         out = {k: (v.to(dev, non_blocking=True) if torch.is_tensor(v) else v) for k, v in batch.items()}
         out["img"] = out["img"].float() / 255
+        if self.args.multi_scale:  # a random size per batch around imgsz (multiscale.py)
+            out["img"] = resize_batch(out["img"], random_size(self.args.imgsz, self.args.multi_scale,
+                                                              self.stride, random), self.stride)
         if self.channels_last:
             out["img"] = out["img"].contiguous(memory_format=torch.channels_last)
         return out
@@ -771,8 +819,9 @@ class Trainer:
 
         a = self.args
         ds = self.train_loader.dataset
-        self.train_loader = build_dataloader(ds, batch_size, a.workers, shuffle=True, rank=self.rank,
-                                             seed=a.seed, drop_last=self._static_batches(len(ds), batch_size))
+        self.train_loader = build_dataloader(ds, batch_size, a.workers, shuffle=not getattr(ds, "rect", False),
+                                             rank=self.rank, seed=a.seed, epoch_sampler=True,
+                                             drop_last=self._static_batches(len(ds), batch_size))
         self.train_loader.sampler.start_at(epoch, skip)
         self.batch_size = batch_size
         a.batch = batch_size * self.world_size

@@ -3,7 +3,8 @@
 Every tensor whose name and shape match is copied. The head's class rows (the last conv of each ``cv3``
 branch: one weight row and one bias entry per class) are matched by class name, as Ultralytics 8.4 does
 with ``cls_remap=True``: a class of the new data that the checkpoint also knows gets its rows, the others
-keep their fresh initialisation (the prior bias of ``Detect.bias_init``).
+keep their fresh initialisation (the prior bias of ``Detect.bias_init``). With ``remap=False``
+(``cls_remap=False``) the class rows are copied by index, and only when both have the same number of classes.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def class_row_keys(model: nn.Module) -> list[str]:
 
 @torch.no_grad()
 def transfer_weights(model: nn.Module, src: dict[str, torch.Tensor], src_names: dict[int, str],
-                     dst_names: dict[int, str]) -> dict:
+                     dst_names: dict[int, str], remap: bool = True) -> dict:
     """Copy ``src`` into ``model`` (see the module docstring). Returns counts for the log:
     ``tensors``/``total`` (fully copied / all tensors of ``model``), ``rows``/``classes`` (classes of the new
     data whose rows came from ``src``) and ``matched`` (their names)."""
@@ -34,6 +35,9 @@ def transfer_weights(model: nn.Module, src: dict[str, torch.Tensor], src_names: 
     by_name = {v: k for k, v in src_names.items()}
     pairs = [(j, by_name[n]) for j, n in sorted(dst_names.items()) if n in by_name]  # (new index, old index)
     same_classes = dict(src_names) == dict(dst_names)
+    if not remap:  # by index: rows line up when the counts match, whatever the names
+        same_classes = len(src_names) == len(dst_names)
+        pairs = []
     copied = 0
     for k, v in own.items():
         s = src.get(k)
