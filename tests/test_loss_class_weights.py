@@ -64,7 +64,8 @@ def test_weights_scale_each_class_bce(be):
     with backend(be):
         feats = _feats()
         _, items = DetectionLoss(NC, class_weights=w)(feats, _batch())
-        per_class = [DetectionLoss(NC, class_weights=torch.eye(NC)[c])(_feats(), _batch())[1][1] for c in range(NC)]
+        per_class = [DetectionLoss(NC, class_weights=torch.eye(NC)[c])(_feats(), _batch())[1][1]
+                     for c in range(NC)]
         _, plain = DetectionLoss(NC)(_feats(), _batch())
     assert torch.allclose(sum(per_class), plain[1], rtol=1e-5)  # the per-class parts add up to the fused term
     assert torch.allclose(items[1], sum(wc * pc for wc, pc in zip(w, per_class)), rtol=1e-5)

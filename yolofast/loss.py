@@ -47,7 +47,8 @@ class DetectionLoss:
         self.gains = (float(box), float(cls), float(dfl))
         self.topk, self.alpha, self.beta = int(topk), float(alpha), float(beta)
         self._anchor_cache: dict = {}
-        self.class_weights = None if class_weights is None else torch.as_tensor(class_weights, dtype=torch.float32)
+        self.class_weights = (None if class_weights is None
+                              else torch.as_tensor(class_weights, dtype=torch.float32))
         if self.class_weights is not None and self.class_weights.shape != (self.nc,):
             raise ValueError(f"DetectionLoss: class_weights has shape {tuple(self.class_weights.shape)}, "
                              f"expected ({self.nc},)")
@@ -69,7 +70,10 @@ class DetectionLoss:
         """(anchor_points (A,2) grid units, stride_tensor (A,1), anchor centres in pixels (A,2), image-size
         scale (4,), gains (3,)), cached per feature sizes/device/dtype: rebuilding them costs ~20 small ops
         per step."""
-        key = (tuple(f.shape[2:] for f in feats), feats[0].device, feats[0].dtype)
+        # Inference mode is in the key: tensors made under validation's inference_mode cannot be saved for
+        # backward, and a training step at a size validation saw first (multi_scale, rect) would reuse them.
+        key = (tuple(f.shape[2:] for f in feats), feats[0].device, feats[0].dtype,
+               torch.is_inference_mode_enabled())
         hit = None if torch.compiler.is_compiling() else self._anchor_cache.get(key)
         if hit is not None:
             return hit
@@ -126,7 +130,7 @@ class DetectionLoss:
         return items.sum() * bsz, items.detach()
 
     def _weighted_cls(self, feats, target_scores):
-        """sum_c w_c * BCE(logits, target_scores) / max(sum target_scores, 1): the fused L_cls with weights."""
+        """sum_c w_c * BCE(logits, target_scores) / max(sum target_scores, 1): the fused L_cls, weighted."""
         nc = self.nc
         logits = torch.cat([f[:, -nc:].flatten(2) for f in feats], 2).transpose(1, 2)  # (B, A, nc)
         bce = torch.nn.functional.binary_cross_entropy_with_logits(logits, target_scores, reduction="none")

@@ -108,8 +108,9 @@ def test_cfg_file_replaces_defaults_and_direct_keys_win(tmp_path):
 def test_help_shows_every_key_with_its_default(capsys):
     assert cli.main(["train", "--help"]) == 0
     out = capsys.readouterr().out
-    for k in ("fraction=1.0", "freeze=None", "multi_scale=0.0", "cls_pw=0.0", "rect=False", "single_cls=False",
-              "pretrained=True", "cls_remap=True", "copy_paste_mode=flip", "bgr=0.0", "cutmix=0.0", "save_json=False",
+    for k in ("fraction=1.0", "freeze=None", "multi_scale=0.0", "cls_pw=0.0", "rect=False",
+              "single_cls=False", "pretrained=True", "cls_remap=True", "copy_paste_mode=flip", "bgr=0.0",
+              "cutmix=0.0", "save_json=False",
               "profile=False", "distill_model=None", "dis=6.0", "vid_stride=1", "workspace=None"):
         assert re.search(rf"^  {re.escape(k)}\s", out, re.M), k
 

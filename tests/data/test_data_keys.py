@@ -113,7 +113,8 @@ def test_cutmix_pastes_a_region_with_its_boxes():
         if 1.0 in cls.ravel():
             assert boxes[cls.ravel() == 1][0].tolist() == pytest.approx(region)
         # a's box is kept when >= 10 % of it stays visible
-        covered = np.clip(min(10, region[2]) - region[0], 0, None) * np.clip(min(10, region[3]) - region[1], 0, None)
+        covered = (np.clip(min(10, region[2]) - region[0], 0, None)
+                   * np.clip(min(10, region[3]) - region[1], 0, None))
         assert (0.0 in cls.ravel()) == (100 - covered >= 10)
 
 

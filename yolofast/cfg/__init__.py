@@ -4,8 +4,9 @@
 ``CfgError`` naming the closest valid keys, a key of Ultralytics' default.yaml that belongs to another task
 (``overlap_mask``, ``pose``, ...) is refused naming that task (``OTHER_TASK_KEYS``), and a value of the wrong
 kind (``epochs="ten"``) is refused with the key and the expected type. ``cfg=file.yaml`` replaces the
-defaults with that file's keys; keys given directly win over it. ``QUICKSTART`` holds the defaults ``yolofast train`` uses on the
-built-in shapes set (measured to finish in minutes on a 2-core CPU); ``Trainer(...)`` keeps ``DEFAULTS``.
+defaults with that file's keys; keys given directly win over it. ``QUICKSTART`` holds the defaults
+``yolofast train`` uses on the built-in shapes set (measured to finish in minutes on a 2-core CPU);
+``Trainer(...)`` keeps ``DEFAULTS``.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from types import SimpleNamespace
 
 import yaml
 
-__all__ = ["DEFAULTS", "QUICKSTART", "OTHER_TASK_KEYS", "CfgError", "get_cfg", "check_keys", "DEFAULT_CFG_PATH",
-           "quantize_half"]
+__all__ = ["DEFAULTS", "QUICKSTART", "OTHER_TASK_KEYS", "CfgError", "get_cfg", "check_keys",
+           "DEFAULT_CFG_PATH", "quantize_half"]
 
 DEFAULT_CFG_PATH = Path(__file__).with_name("default.yaml")
 
@@ -151,7 +152,8 @@ def _one_of(key, choices):
 
 def _check_task(v):
     if v != "detect":
-        raise CfgError(f"task={v!r}: yolofast trains detectors only (task=detect); {v} models need Ultralytics")
+        raise CfgError(f"task={v!r}: yolofast trains detectors only (task=detect); {v} models need "
+                       f"Ultralytics")
     return v
 
 
@@ -232,7 +234,8 @@ def get_cfg(base: dict | str | Path | SimpleNamespace | None = None, /, **overri
         with open(path, encoding="utf-8") as f:
             extra = yaml.safe_load(f) or {}
         if not isinstance(extra, dict):
-            raise CfgError(f"cfg={str(path)!r} must hold a mapping of recipe keys, got {type(extra).__name__}")
+            raise CfgError(f"cfg={str(path)!r} must hold a mapping of recipe keys, got "
+                           f"{type(extra).__name__}")
         extra.pop("cfg", None)
         merged = {**extra, **merged}
     check_keys(merged)

@@ -198,9 +198,9 @@ def mixup(img1, boxes1, cls1, img2, boxes2, cls2, rng):
 def cutmix(img1, boxes1, cls1, img2, boxes2, cls2, rng, area_thr: float = 0.1):
     """Paste a random rectangle of ``img2`` (same size) into ``img1``, with the labels that stay visible.
 
-    The rectangle covers a fraction 1 - lam of the image, lam ~ U(0, 1), centred at a uniform point and clipped
-    to the image. Boxes of ``img2`` are cut to the rectangle and kept when >= ``area_thr`` of their area lies
-    inside it; boxes of ``img1`` are kept when >= ``area_thr`` of their area stays outside it.
+    The rectangle covers a fraction 1 - lam of the image, lam ~ U(0, 1), centred at a uniform point and
+    clipped to the image. Boxes of ``img2`` are cut to the rectangle and kept when >= ``area_thr`` of their
+    area lies inside it; boxes of ``img1`` are kept when >= ``area_thr`` of their area stays outside it.
     """
     h, w = img1.shape[:2]
     lam = rng.random()

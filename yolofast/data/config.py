@@ -118,7 +118,7 @@ def check_data(data) -> dict:
     for key in SPLITS:
         if d.get(key) not in (None, ""):
             out[key] = _resolve_split(d[key], root, key, where)
-    if d.get("coco_json") not in (None, ""):  # COCO annotations of the val split: save_json's pycocotools eval
+    if d.get("coco_json") not in (None, ""):  # COCO annotations of the val split, for save_json
         p = Path(str(d["coco_json"])).expanduser()
         p = (p if p.is_absolute() else root / p).resolve()
         if not p.is_file():

@@ -350,9 +350,10 @@ class YOLODataset(Dataset):
         hyp = dict(hyp or {}) if hyp is None or isinstance(hyp, dict) else vars(hyp)
         self.hyp = {k: float(hyp[k]) if hyp.get(k) is not None else v for k, v in HYP_DEFAULTS.items()}
         im_files = get_img_files(img_path)
-        count = fraction if isinstance(fraction, int) and fraction > 1 else max(1, round(len(im_files) * fraction))
-        if count < len(im_files):
-            LOGGER.info(f"{self.prefix}fraction={fraction}: using the first {count} of {len(im_files)} images")
+        n = len(im_files)
+        count = fraction if isinstance(fraction, int) and fraction > 1 else max(1, round(n * fraction))
+        if count < n:
+            LOGGER.info(f"{self.prefix}fraction={fraction}: using the first {count} of {n} images")
             im_files = im_files[:count]
         self.labels, self.stats, self.from_cache = load_labels(im_files, nc, self.prefix)
         if not self.labels:
@@ -363,9 +364,10 @@ class YOLODataset(Dataset):
         self.rect = bool(rect)
         if self.rect:  # reorder by aspect ratio; batch i of the loader is batch i of these shapes
             order, self.batch_index, self.batch_shapes = A.rect_batch_shapes(
-                np.array([lb["shape"] for lb in self.labels], dtype=np.float64), imgsz, stride, batch_size, pad)
+                np.array([lb["shape"] for lb in self.labels], dtype=np.float64), imgsz, stride, batch_size,
+                pad)
             self.labels = [self.labels[i] for i in order]
-            for k in ("mosaic", "mixup", "cutmix"):  # whole-image mixes need one shape: off, as in Ultralytics
+            for k in ("mosaic", "mixup", "cutmix"):  # whole-image mixes need one shape: off (as Ultralytics)
                 self.hyp[k] = 0.0
         if augment and self.hyp["copy_paste"] > 0 and not _COPY_PASTE_REPORTED:
             _COPY_PASTE_REPORTED.append(True)
@@ -463,7 +465,7 @@ class YOLODataset(Dataset):
         return tuple(int(v) for v in self.batch_shapes[self.batch_index[index]]) if self.rect else self.imgsz
 
     def __getitem__(self, index):
-        rng, hyp, s = self.rng, self.hyp, self.imgsz
+        rng, hyp = self.rng, self.hyp
         if self.augment:
             index, img, ori, boxes, cls = self._train_sample(index)
             mixup_p = float(self._aug[1])

@@ -98,7 +98,8 @@ def build_dataloader(dataset, batch, workers, shuffle, rank=-1, seed=0, drop_las
             sampler = EpochSampler(dataset, num_replicas=world, rank=rank, shuffle=shuffle, seed=seed,
                                    drop_last=drop_last)
     elif shuffle or epoch_sampler:
-        sampler = EpochSampler(dataset, num_replicas=1, rank=0, shuffle=shuffle, seed=seed, drop_last=drop_last)
+        sampler = EpochSampler(dataset, num_replicas=1, rank=0, shuffle=shuffle, seed=seed,
+                               drop_last=drop_last)
     generator = torch.Generator()
     generator.manual_seed(seed + max(rank, 0))  # different augmentation streams per rank
     if nw == 0 and hasattr(dataset, "reseed"):

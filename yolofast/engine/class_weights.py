@@ -4,7 +4,8 @@ Per class c with n_c boxes in the train labels: ``w_c = (1 / n_c) ** cls_pw``; c
 mean weight of the others; the weights are scaled to mean 1. ``cls_pw=1`` is full inverse frequency, 0.5 its
 square root, 0 off. The weight multiplies every anchor's BCE term of class c (positives and negatives).
 The fused ``bbox_loss`` kernels compute the unweighted class loss; with weights on, ``DetectionLoss`` takes
-the class term from a PyTorch BCE over the same logits instead (logged once; the box and DFL terms stay fused).
+the class term from a PyTorch BCE over the same logits instead (logged once; the box and DFL terms stay
+fused).
 """
 
 from __future__ import annotations

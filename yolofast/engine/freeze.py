@@ -15,22 +15,23 @@ __all__ = ["freeze_prefixes", "freeze_layers", "freeze_bn"]
 
 
 def freeze_prefixes(freeze, n_layers: int) -> list[str]:
-    """Parameter-name prefixes (``model.3.``) of what ``freeze`` names; an index past the model is an error."""
+    """Parameter-name prefixes (``model.3.``) of what ``freeze`` names; a layer past the model is an error."""
     if freeze is None:
         return []
     items = list(range(freeze)) if isinstance(freeze, int) else list(freeze)
     if isinstance(freeze, int) and freeze > n_layers:
-        raise ValueError(f"freeze={freeze} but the model has {n_layers} layers; freeze at most {n_layers - 1} "
-                         f"(the head, layer {n_layers - 1}, must stay trainable)")
+        raise ValueError(f"freeze={freeze} but the model has {n_layers} layers; freeze at most "
+                         f"{n_layers - 1} (the head, layer {n_layers - 1}, must stay trainable)")
     for x in items:
         if isinstance(x, int) and not 0 <= x < n_layers:
-            raise ValueError(f"freeze={freeze}: layer {x} does not exist (the model has layers 0..{n_layers - 1})")
+            raise ValueError(f"freeze={freeze}: layer {x} does not exist (the model has layers "
+                             f"0..{n_layers - 1})")
     return [f"model.{x}." for x in items]
 
 
 def freeze_layers(model: nn.Module, freeze) -> list[str]:
-    """Set ``requires_grad=False`` on the parameters ``freeze`` names; returns the prefixes (for ``freeze_bn``).
-    Freezing everything is an error (nothing left to train)."""
+    """Set ``requires_grad=False`` on the parameters ``freeze`` names; returns the prefixes (for
+    ``freeze_bn``). Freezing everything is an error (nothing left to train)."""
     prefixes = freeze_prefixes(freeze, len(model.model))
     if not prefixes:
         return []
@@ -42,7 +43,8 @@ def freeze_layers(model: nn.Module, freeze) -> list[str]:
     if frozen == 0:
         raise ValueError(f"freeze={freeze} names no parameter of the model (layer names look like '22.cv2')")
     if not any(p.requires_grad for p in model.parameters()):
-        raise ValueError(f"freeze={freeze} freezes the whole model: nothing left to train; freeze fewer layers")
+        raise ValueError(f"freeze={freeze} freezes the whole model: nothing left to train; freeze fewer "
+                         f"layers")
     return prefixes
 
 

@@ -4,9 +4,10 @@ With ``multi_scale=0.5`` and ``imgsz=640`` a batch's longer side is drawn from [
 down to a multiple of the stride (32): 320, 352, ..., 960. The batch is resized bilinearly on the device; the
 shorter side keeps the aspect ratio, rounded up to the stride. Box labels are normalized, so they stay valid.
 
-Cost: every new size is a new input shape. Under ``compile=True`` each size compiles once more (up to
-(2·multi_scale·imgsz)/stride + 1 sizes: 21 at 0.5/640), and a CUDA graph is captured for one shape only, so
-``cuda_graph=True`` runs the eager step on every batch of another size (the trainer turns the graph off).
+Cost: every new size is a new input shape. Under ``compile=True`` (dynamic=False) each size compiles once
+more ((2·multi_scale·imgsz)/stride + 1 sizes: 21 at 0.5/640; past torch's recompile limit, 8 per function by
+default, the remaining sizes run uncompiled), and a CUDA graph replays one shape only, so the trainer turns
+``cuda_graph=True`` off (the eager step, with the reason logged).
 """
 
 from __future__ import annotations

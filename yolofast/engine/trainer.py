@@ -61,8 +61,6 @@ from yolofast.engine.autobatch import (
 from yolofast.engine.callbacks import Callbacks
 from yolofast.engine.compile import compile_mode, train_step_modules
 from yolofast.engine.cudagraph import GraphedTrainStep, graph_blockers, optimizer_kwargs
-from yolofast.engine.freeze import freeze_bn
-from yolofast.engine.multiscale import random_size, resize_batch
 from yolofast.engine.distributed import (
     PeerFailedError,
     all_gather_objects,
@@ -79,6 +77,8 @@ from yolofast.engine.distributed import (
     restart_count,
     unwrap_model,
 )
+from yolofast.engine.freeze import freeze_bn
+from yolofast.engine.multiscale import random_size, resize_batch
 from yolofast.engine.recovery import NonFiniteGuard, OutOfMemoryHalving, is_out_of_memory
 from yolofast.engine.validate_args import validate_args
 
@@ -335,13 +335,12 @@ class Trainer:
     def get_dataloader(self, img_path, batch_size: int = 16, mode: str = "train"):
         """A data loader over ``img_path``: augmented and shuffled for "train", plain for "val"."""
         from yolofast.data import build_dataloader, build_dataset
-
         from yolofast.data.loader import split_fraction
 
         a = self.args
         hyp = {k: getattr(a, k) for k in ("hsv_h", "hsv_s", "hsv_v", "degrees", "translate", "scale", "shear",
-                                           "perspective", "flipud", "fliplr", "mosaic", "mixup", "bgr", "cutmix",
-                                           "copy_paste")}
+                                           "perspective", "flipud", "fliplr", "mosaic", "mixup", "bgr",
+                                           "cutmix", "copy_paste")}
         train = mode == "train"
         stride = max(int(unwrap_model(self.model).stride.max()), 32) if hasattr(self, "model") else 32
         # Ultralytics validates in rect batches (half a stride of padding): with map_convention=ultralytics
@@ -357,8 +356,8 @@ class Trainer:
                                 pad=0.0 if train else 0.5)
         rank = self.rank if train else -1  # validation runs on rank 0 over the whole split
         return build_dataloader(dataset, batch_size, a.workers, shuffle=train and not rect, rank=rank,
-                                seed=a.seed, drop_last=train and self._static_batches(len(dataset), batch_size),
-                                epoch_sampler=train)
+                                seed=a.seed, epoch_sampler=train,
+                                drop_last=train and self._static_batches(len(dataset), batch_size))
 
     def _static_batches(self, n_images: int, batch_size: int) -> bool:
         """Drop an epoch's short last batch when the step is compiled or graphed: a batch of another size
@@ -383,10 +382,12 @@ class Trainer:
         """``validator(model) -> metrics dict`` over the ``split`` data, with the validation loss."""
         from yolofast.val import Validator
 
-        return Validator(self.val_loader, self.data["names"], conf=_VAL_CONF if self.args.conf is None else self.args.conf,
+        a = self.args
+        return Validator(self.val_loader, self.data["names"], conf=_VAL_CONF if a.conf is None else a.conf,
                          iou=self.args.iou,
                          max_det=self.args.max_det, loss=self.criterion, device=self.device,
-                         half=quantize_half(self.args.quantize, self.amp_dtype is not None), progress=self.args.verbose and is_main_process(),
+                         half=quantize_half(a.quantize, self.amp_dtype is not None),
+                         progress=self.args.verbose and is_main_process(),
                          map_convention=self.args.map_convention,
                          save_json=self.save_dir / "predictions.json" if self.args.save_json else None,
                          coco_json=self.data.get("coco_json"))
@@ -514,7 +515,8 @@ class Trainer:
         graph_why = graph_blockers(self.device, compile_mode(a.compile)[0], self.world_size > 1,
                                    self.accumulate, self.scaler.is_enabled()) if a.cuda_graph else None
         if graph_why is not None and (a.multi_scale or a.rect):  # a graph replays one input shape
-            graph_why.append(f"{'multi_scale' if a.multi_scale else 'rect'} changes the input shape per batch")
+            graph_why.append(f"{'multi_scale' if a.multi_scale else 'rect'} changes the input shape per "
+                             f"batch")
         name, lr, momentum = a.optimizer, a.lr0, a.momentum
         if name == "auto" and self.resume_ckpt is not None and self._resume_state.get("optimizer_auto"):
             # The resumed run's own choice: extending `epochs` changes the iteration count auto decides by,
@@ -819,7 +821,8 @@ class Trainer:
 
         a = self.args
         ds = self.train_loader.dataset
-        self.train_loader = build_dataloader(ds, batch_size, a.workers, shuffle=not getattr(ds, "rect", False),
+        self.train_loader = build_dataloader(ds, batch_size, a.workers,
+                                             shuffle=not getattr(ds, "rect", False),
                                              rank=self.rank, seed=a.seed, epoch_sampler=True,
                                              drop_last=self._static_batches(len(ds), batch_size))
         self.train_loader.sampler.start_at(epoch, skip)

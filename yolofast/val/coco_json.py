@@ -35,8 +35,8 @@ class CocoJson:
             by_name = {c["name"]: c["id"] for c in anno.get("categories", [])}
             missing = [n for n in names.values() if n not in by_name]
             if missing:
-                raise ValueError(f"save_json: coco_json '{coco_json}' has no category named {missing[0]!r}; its "
-                                 f"categories must carry the data's class names")
+                raise ValueError(f"save_json: coco_json '{coco_json}' has no category named {missing[0]!r}; "
+                                 f"its categories must carry the data's class names")
             self.cat_ids = {k: by_name[n] for k, n in names.items()}
 
     def _image_id(self, im_file: str):

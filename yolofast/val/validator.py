@@ -78,7 +78,8 @@ class Validator:
         self.dataloader = dataloader
         self.save_json, self.coco_json = save_json, coco_json
         self.names = dict(enumerate(names)) if isinstance(names, (list, tuple)) else dict(names)
-        self.conf, self.iou, self.max_det = 0.001 if conf is None else conf, iou, max_det  # None: val's default
+        self.conf = 0.001 if conf is None else conf  # None: Ultralytics' val default
+        self.iou, self.max_det = iou, max_det
         self.loss = loss
         self.device = as_device(device)
         self.half = half
@@ -318,8 +319,8 @@ def validate(
         )
     stride = int(max(getattr(model, "stride", torch.tensor([32.0])).max().item(), 32))
     rect = rect or map_convention == "ultralytics"
-    dataset = build_dataset(info["val"], imgsz=imgsz, augment=False, stride=stride, prefix="val: ", nc=label_nc,
-                            single_cls=single_cls, rect=rect, batch_size=batch, pad=0.5)
+    dataset = build_dataset(info["val"], imgsz=imgsz, augment=False, stride=stride, prefix="val: ",
+                            nc=label_nc, single_cls=single_cls, rect=rect, batch_size=batch, pad=0.5)
     if save_json is True:
         from yolofast.engine.trainer import increment_path
 
