@@ -152,10 +152,6 @@ def cmd_val(argv) -> int:
     from yolofast.engine.trainer import select_device
 
     args["device"] = select_device(args.get("device"))
-    if "quantize" in args:  # 16/fp16: autocast, as half=True; 32/fp32: fp32
-        from yolofast.cfg import quantize_half
-
-        args["half"] = quantize_half(args.pop("quantize"), args.get("half", False))
     metrics = validate(ckpt, data, **args)
     print(" ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, float)))
     return 0

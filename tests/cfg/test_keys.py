@@ -11,14 +11,15 @@ from yolofast import cli
 from yolofast.cfg import DEFAULTS, OTHER_TASK_KEYS, CfgError, get_cfg, quantize_half
 from yolofast.cfg.keys_table import DIFFERENT_DEFAULTS, ULTRALYTICS_DEFAULTS, markdown
 
-UL_CKPT = Path("/work/shared/data/ultralytics/yolov8n-rect3.pt")
+ULTRA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "ultralytics"
+UL_CKPT = ULTRA / "yolov8n-rect3.pt"
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 @pytest.fixture(scope="module")
 def ul_train_args():
     if not UL_CKPT.exists():
-        pytest.skip(f"{UL_CKPT} not found")
+        pytest.skip("../shared/data/ultralytics is not present")
     from yolofast.io import read_checkpoint
 
     return read_checkpoint(UL_CKPT)["train_args"]
@@ -87,10 +88,24 @@ def test_bad_values_name_the_key(kw, msg):
         get_cfg(**kw)
 
 
-def test_quantize_sets_val_precision():
+def test_quantize_sets_val_precision(monkeypatch):
     assert quantize_half(16, False) and quantize_half("fp16", False)
     assert not quantize_half(32, True) and not quantize_half("fp32", True)
     assert quantize_half(None, True) and not quantize_half(None, False)
+    from yolofast.val import validator as V
+
+    seen = []
+    monkeypatch.setattr(V.Validator, "__call__", lambda self, model: seen.append(self.half) or {})
+    monkeypatch.setattr(V, "DetMetrics", lambda *a: None)
+    data = str(ULTRA / "rect3" / "data.yaml")
+    if not Path(data).is_file():
+        pytest.skip("../shared/data/ultralytics is not present")
+    from yolofast.nn import build_model
+
+    model = build_model("yolov8n", nc=3)
+    for q, want in ((16, True), ("fp32", False), (None, False)):
+        V.validate(model, data, imgsz=64, verbose=False, quantize=q)
+        assert seen[-1] is want
 
 
 def test_cfg_file_replaces_defaults_and_direct_keys_win(tmp_path):

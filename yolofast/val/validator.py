@@ -293,6 +293,7 @@ def validate(
     rect: bool = False,
     save_json: bool | str = False,
     single_cls: bool = False,
+    quantize=None,
 ) -> DetMetrics:
     """Validate a model or checkpoint on the ``val`` split of a data yaml (``yolofast val``).
 
@@ -301,7 +302,11 @@ def validate(
     aspect-ratio batches with half a stride of padding, as ``rect=True`` gives with either convention).
     save_json: True (``runs/detect/val*/predictions.json``) or a path: COCO results JSON, evaluated by
     pycocotools when the data yaml has ``coco_json``. single_cls: every label is class 0 (a one-class model).
+    quantize: 16 / "fp16" runs under autocast (as ``half=True``), 32 / "fp32" in fp32.
     """
+    from yolofast.cfg import quantize_half
+
+    half = quantize_half(quantize, half)
     from yolofast.data import build_dataloader, build_dataset, check_data
 
     model = load_model(weights_or_model)
