@@ -70,13 +70,16 @@ class DetectionLoss:
         """(anchor_points (A,2) grid units, stride_tensor (A,1), anchor centres in pixels (A,2), image-size
         scale (4,), gains (3,)), cached per feature sizes/device/dtype: rebuilding them costs ~20 small ops
         per step."""
-        # Inference mode is in the key: tensors made under validation's inference_mode cannot be saved for
-        # backward, and a training step at a size validation saw first (multi_scale, rect) would reuse them.
-        key = (tuple(f.shape[2:] for f in feats), feats[0].device, feats[0].dtype,
-               torch.is_inference_mode_enabled())
-        hit = None if torch.compiler.is_compiling() else self._anchor_cache.get(key)
-        if hit is not None:
-            return hit
+        compiling = torch.compiler.is_compiling()
+        key = None
+        if not compiling:  # (dynamo cannot trace is_inference_mode_enabled; a compiled loss is not cached)
+            # Inference mode is in the key: tensors made under validation's inference_mode cannot be saved
+            # for backward, and a train step at a size validation saw first (multi_scale, rect) reused them.
+            key = (tuple(f.shape[2:] for f in feats), feats[0].device, feats[0].dtype,
+                   torch.is_inference_mode_enabled())
+            hit = self._anchor_cache.get(key)
+            if hit is not None:
+                return hit
         anchor_points, stride_tensor = make_anchors(feats, self.strides, 0.5)
         # Image size (normalized GT -> pixels) and the loss gains as device tensors made here, once: a
         # new_tensor per step is a host->device copy, which CUDA-graph capture refuses (and which waits
@@ -85,7 +88,7 @@ class DetectionLoss:
         scale = anchor_points.new_tensor([img_w, img_h, img_w, img_h])
         gains = anchor_points.new_tensor(self.gains)
         out = (anchor_points, stride_tensor, anchor_points * stride_tensor, scale, gains)
-        if not torch.compiler.is_compiling():
+        if not compiling:
             self._anchor_cache[key] = out
         return out
 
