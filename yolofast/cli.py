@@ -39,7 +39,7 @@ commands:
 `yolofast detect train ...` is `yolofast train ...`."""
 
 _VAL_KEYS = ("model", "data", "imgsz", "batch", "conf", "iou", "max_det", "device", "workers", "half",
-             "verbose", "split", "map_convention")
+             "verbose", "split", "map_convention", "rect", "save_json", "single_cls", "quantize")
 _SHAPES = ("shapes", "shapes.yaml")
 
 

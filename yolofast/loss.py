@@ -23,6 +23,9 @@ class DetectionLoss:
     Returns total (0-d float32, ``(box*L_box + cls*L_cls + dfl*L_dfl) * B``, the quantity to backprop)
     and items (3,) detached float32 ``[box*L_box, cls*L_cls, dfl*L_dfl]`` (no batch factor, for logging).
     Everything runs in float32, also under autocast.
+    class_weights: optional (nc,) per-class weights on the BCE class loss (``cls_pw``, see
+    ``yolofast.engine.class_weights``); then the class term comes from PyTorch's BCE over the same logits
+    (the fused kernels have no per-class weight) and the box/DFL terms stay fused.
     """
 
     def __init__(
@@ -36,6 +39,7 @@ class DetectionLoss:
         topk: int = 10,
         alpha: float = 0.5,
         beta: float = 6.0,
+        class_weights: torch.Tensor | None = None,
     ):
         self.nc, self.reg_max = int(nc), int(reg_max)
         self.no = 4 * self.reg_max + self.nc
@@ -43,6 +47,11 @@ class DetectionLoss:
         self.gains = (float(box), float(cls), float(dfl))
         self.topk, self.alpha, self.beta = int(topk), float(alpha), float(beta)
         self._anchor_cache: dict = {}
+        self.class_weights = (None if class_weights is None
+                              else torch.as_tensor(class_weights, dtype=torch.float32))
+        if self.class_weights is not None and self.class_weights.shape != (self.nc,):
+            raise ValueError(f"DetectionLoss: class_weights has shape {tuple(self.class_weights.shape)}, "
+                             f"expected ({self.nc},)")
 
     def _targets(self, batch: dict, bsz: int, device: torch.device):
         if all(k in batch for k in ("gt_cls", "gt_bboxes", "gt_mask")):
@@ -61,10 +70,16 @@ class DetectionLoss:
         """(anchor_points (A,2) grid units, stride_tensor (A,1), anchor centres in pixels (A,2), image-size
         scale (4,), gains (3,)), cached per feature sizes/device/dtype: rebuilding them costs ~20 small ops
         per step."""
-        key = (tuple(f.shape[2:] for f in feats), feats[0].device, feats[0].dtype)
-        hit = None if torch.compiler.is_compiling() else self._anchor_cache.get(key)
-        if hit is not None:
-            return hit
+        compiling = torch.compiler.is_compiling()
+        key = None
+        if not compiling:  # (dynamo cannot trace is_inference_mode_enabled; a compiled loss is not cached)
+            # Inference mode is in the key: tensors made under validation's inference_mode cannot be saved
+            # for backward, and a train step at a size validation saw first (multi_scale, rect) reused them.
+            key = (tuple(f.shape[2:] for f in feats), feats[0].device, feats[0].dtype,
+                   torch.is_inference_mode_enabled())
+            hit = self._anchor_cache.get(key)
+            if hit is not None:
+                return hit
         anchor_points, stride_tensor = make_anchors(feats, self.strides, 0.5)
         # Image size (normalized GT -> pixels) and the loss gains as device tensors made here, once: a
         # new_tensor per step is a host->device copy, which CUDA-graph capture refuses (and which waits
@@ -73,7 +88,7 @@ class DetectionLoss:
         scale = anchor_points.new_tensor([img_w, img_h, img_w, img_h])
         gains = anchor_points.new_tensor(self.gains)
         out = (anchor_points, stride_tensor, anchor_points * stride_tensor, scale, gains)
-        if not torch.compiler.is_compiling():
+        if not compiling:
             self._anchor_cache[key] = out
         return out
 
@@ -111,5 +126,16 @@ class DetectionLoss:
         losses = bbox_loss_maps(
             feats, anchor_points, target_bboxes / stride_tensor, target_scores, fg_mask, self.reg_max
         )
+        if self.class_weights is not None:
+            lcls = self._weighted_cls(feats, target_scores)
+            losses = torch.stack((losses[0], lcls, losses[2]))  # the fused class term gets no gradient
         items = losses * gains
         return items.sum() * bsz, items.detach()
+
+    def _weighted_cls(self, feats, target_scores):
+        """sum_c w_c * BCE(logits, target_scores) / max(sum target_scores, 1): the fused L_cls, weighted."""
+        nc = self.nc
+        logits = torch.cat([f[:, -nc:].flatten(2) for f in feats], 2).transpose(1, 2)  # (B, A, nc)
+        bce = torch.nn.functional.binary_cross_entropy_with_logits(logits, target_scores, reduction="none")
+        w = self.class_weights.to(logits.device)
+        return (bce * w).sum() / target_scores.sum().clamp(min=1)

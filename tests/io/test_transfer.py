@@ -59,3 +59,22 @@ def test_yolo_train_and_cli_start_from_ultralytics_weights(ultralytics_dir, tmp_
     assert main(["train", f"model={ultralytics_dir / 'yolov8n-rect3.pt'}", f"data={data}", "epochs=1",
                  "imgsz=64", "batch=2", "workers=0", "plots=False", f"project={tmp_path}", "name=cli"]) == 0
     assert "Transferred 349/355 tensors, 2/5 class rows" in capsys.readouterr().out
+
+
+def test_cls_remap_false_copies_rows_by_index(ultralytics_dir):
+    """cls_remap=False: same class count -> rows copied by index whatever the names; other count -> fresh."""
+    src = read_checkpoint(ultralytics_dir / "yolov8n-rect3.pt")
+    model = build_model("yolov8n", nc=3)
+    swapped = {0: "blue", 1: "green", 2: "red"}  # rect3: red, green, blue
+    n = transfer_weights(model, src["state_dict"], src["names"], swapped, remap=False)
+    assert n["rows"] == 3
+    assert all(torch.equal(v, src["state_dict"][k]) for k, v in model.state_dict().items())
+    remapped = build_model("yolov8n", nc=3)
+    transfer_weights(remapped, src["state_dict"], src["names"], swapped)  # by name: red and blue trade rows
+    k = class_row_keys(remapped)[0]
+    assert torch.equal(remapped.state_dict()[k][0], src["state_dict"][k][2])
+    torch.manual_seed(0)
+    other = build_model("yolov8n", nc=4)
+    fresh = copy.deepcopy(other.state_dict())
+    n = transfer_weights(other, src["state_dict"], src["names"], NEW, remap=False)
+    assert n["rows"] == 0 and all(torch.equal(other.state_dict()[k], fresh[k]) for k in class_row_keys(other))

@@ -193,3 +193,62 @@ def mixup(img1, boxes1, cls1, img2, boxes2, cls2, rng):
     r = rng.beta(32.0, 32.0)
     img = (img1.astype(np.float32) * r + img2.astype(np.float32) * (1 - r)).astype(np.uint8)
     return img, np.concatenate([boxes1, boxes2]), np.concatenate([cls1, cls2])
+
+
+def cutmix(img1, boxes1, cls1, img2, boxes2, cls2, rng, area_thr: float = 0.1):
+    """Paste a random rectangle of ``img2`` (same size) into ``img1``, with the labels that stay visible.
+
+    The rectangle covers a fraction 1 - lam of the image, lam ~ U(0, 1), centred at a uniform point and
+    clipped to the image. Boxes of ``img2`` are cut to the rectangle and kept when >= ``area_thr`` of their
+    area lies inside it; boxes of ``img1`` are kept when >= ``area_thr`` of their area stays outside it.
+    """
+    h, w = img1.shape[:2]
+    lam = rng.random()
+    cw, ch = w * np.sqrt(1 - lam), h * np.sqrt(1 - lam)
+    cx, cy = rng.uniform(0, w), rng.uniform(0, h)
+    x1, x2 = int(np.clip(cx - cw / 2, 0, w)), int(np.clip(cx + cw / 2, 0, w))
+    y1, y2 = int(np.clip(cy - ch / 2, 0, h)), int(np.clip(cy + ch / 2, 0, h))
+    if x2 <= x1 or y2 <= y1:
+        return img1, boxes1, cls1
+    img = img1.copy()
+    img[y1:y2, x1:x2] = img2[y1:y2, x1:x2]
+
+    def area(b):
+        return (b[:, 2] - b[:, 0]).clip(0) * (b[:, 3] - b[:, 1]).clip(0)
+
+    def inside(b):
+        c = b.copy()
+        c[:, [0, 2]] = c[:, [0, 2]].clip(x1, x2)
+        c[:, [1, 3]] = c[:, [1, 3]].clip(y1, y2)
+        return c
+
+    b1 = boxes1.reshape(-1, 4)
+    a1 = area(b1)
+    keep1 = (a1 - area(inside(b1))) >= area_thr * a1
+    b2 = boxes2.reshape(-1, 4)
+    cut2 = inside(b2)
+    keep2 = (area(cut2) >= area_thr * area(b2)) & (area(cut2) > 0)
+    boxes = np.concatenate([b1[keep1], cut2[keep2]], 0).astype(np.float32)
+    cls = np.concatenate([cls1.reshape(-1, 1)[keep1], cls2.reshape(-1, 1)[keep2]], 0)
+    return img, boxes, cls
+
+
+def rect_batch_shapes(shapes: np.ndarray, imgsz: int, stride: int, batch_size: int, pad: float):
+    """Rectangular batches: (order, batch_index, batch_shapes).
+
+    ``shapes`` (n, 2) original (h, w). Images are ordered by aspect ratio h / w, cut into consecutive
+    batches, and each batch gets the (h, w) that holds all its images at long side ``imgsz``: the batch's
+    widest aspect ratio (h/w < 1) or tallest one (h/w > 1), else square; plus ``pad`` strides, rounded up to
+    the stride. ``pad=0.5`` is Ultralytics' val setting (half a stride of grey around), 0.0 its train one.
+    """
+    ar = shapes[:, 0] / shapes[:, 1]
+    order = np.argsort(ar, kind="stable")
+    ar = ar[order]
+    batch_index = np.arange(len(ar)) // batch_size
+    out = []
+    for i in range(int(batch_index[-1]) + 1 if len(ar) else 0):
+        a = ar[batch_index == i]
+        lo, hi = a.min(), a.max()
+        out.append([hi, 1.0] if hi < 1 else [1.0, 1.0 / lo] if lo > 1 else [1.0, 1.0])
+    batch_shapes = (np.ceil(np.array(out).reshape(-1, 2) * imgsz / stride + pad).astype(int) * stride)
+    return order, batch_index, batch_shapes

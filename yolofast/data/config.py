@@ -79,7 +79,8 @@ def check_data(data) -> dict:
     data: path to a data yaml, a dict with the same keys, or "shapes"/"shapes.yaml" for the built-in
     synthetic set. Keys: `path` (root, relative to the yaml's folder, default that folder), `train`, `val`
     (folders, .txt lists or lists of them, relative to `path`), `names` (list or dict), optional `nc`,
-    `test`. Returns a new dict with `path`, `train`, `val` (absolute str or list of str), `names`
+    `test`, `coco_json` (COCO annotations of the val images, for ``save_json``'s pycocotools evaluation).
+    Returns a new dict with `path`, `train`, `val` (absolute str or list of str), `names`
     (dict int -> str), `nc`, `yaml_file` (absolute str, None for a dict) and any other keys unchanged.
     Raises DataError naming the key/path and what was expected.
     """
@@ -117,4 +118,11 @@ def check_data(data) -> dict:
     for key in SPLITS:
         if d.get(key) not in (None, ""):
             out[key] = _resolve_split(d[key], root, key, where)
+    if d.get("coco_json") not in (None, ""):  # COCO annotations of the val split, for save_json
+        p = Path(str(d["coco_json"])).expanduser()
+        p = (p if p.is_absolute() else root / p).resolve()
+        if not p.is_file():
+            raise DataError(f"{where}: 'coco_json' file '{p}' does not exist (COCO instances json of the val "
+                            f"images, relative to path '{root}')")
+        out["coco_json"] = str(p)
     return out

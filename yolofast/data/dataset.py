@@ -26,8 +26,10 @@ CACHE_SUFFIX = ".yolofast.cache"
 COORD_TOL = 1e-3  # label corners may overshoot [0, 1] by this much (rounding in converters), then clipped
 MIN_IMG_SIDE = 10  # px; smaller "images" are almost always broken files
 HYP_DEFAULTS = dict(hsv_h=0.015, hsv_s=0.7, hsv_v=0.4, degrees=0.0, translate=0.1, scale=0.5, shear=0.0,
-                    perspective=0.0, flipud=0.0, fliplr=0.5, mosaic=1.0, mixup=0.0)
+                    perspective=0.0, flipud=0.0, fliplr=0.5, mosaic=1.0, mixup=0.0, bgr=0.0, cutmix=0.0,
+                    copy_paste=0.0)
 _READONLY_REPORTED: set[str] = set()
+_COPY_PASTE_REPORTED: list[bool] = []
 
 try:  # header-only size/format check; Pillow comes with matplotlib
     from PIL import Image
@@ -324,15 +326,19 @@ class YOLODataset(Dataset):
     """YOLO-format detection data set.
 
     img_path: folder / .txt list / list of them. imgsz: square output side (rounded up to a multiple of
-    stride). augment: mosaic + affine + mixup + HSV + flips (train); else letterbox only (val).
-    hyp: Ultralytics names (see HYP_DEFAULTS; other keys ignored). cache: False | True/"ram" keep the
+    stride). augment: mosaic + affine + mixup + cutmix + HSV + flips + BGR swap (train); else letterbox only
+    (val). hyp: Ultralytics names (see HYP_DEFAULTS; other keys ignored). cache: False | True/"ram" keep the
     resized images in memory. nc: number of classes (labels outside [0, nc) refuse their image).
+    single_cls: every label becomes class 0. fraction: the first ratio (float) or count (int) of the sorted
+    image files. rect: rectangular batches (``augment.rect_batch_shapes``; mosaic, mixup and cutmix off):
+    the images are reordered by aspect ratio, and sample i is letterboxed to the shape of its batch of
+    ``batch_size``; the loader must keep that order and batch size (no shuffle). pad: rect padding in strides.
     A sample is a dict: img (3, s, s) uint8 RGB, cls (n, 1) float32, bboxes (n, 4) float32 normalized
     xywh, im_file, ori_shape (h0, w0), resized_shape (h, w), ratio_pad ((r, r), (padw, padh)).
     """
 
     def __init__(self, img_path, imgsz=640, augment=True, hyp=None, stride=32, cache=False, prefix="",
-                 nc=None, seed=0):
+                 nc=None, seed=0, single_cls=False, fraction=1.0, rect=False, batch_size=16, pad=0.0):
         super().__init__()
         if imgsz % stride:
             new = -(-imgsz // stride) * stride
@@ -344,14 +350,34 @@ class YOLODataset(Dataset):
         hyp = dict(hyp or {}) if hyp is None or isinstance(hyp, dict) else vars(hyp)
         self.hyp = {k: float(hyp[k]) if hyp.get(k) is not None else v for k, v in HYP_DEFAULTS.items()}
         im_files = get_img_files(img_path)
+        n = len(im_files)
+        count = fraction if isinstance(fraction, int) and fraction > 1 else max(1, round(n * fraction))
+        if count < n:
+            LOGGER.info(f"{self.prefix}fraction={fraction}: using the first {count} of {n} images")
+            im_files = im_files[:count]
         self.labels, self.stats, self.from_cache = load_labels(im_files, nc, self.prefix)
         if not self.labels:
             raise DataError(f"{self.prefix}no usable images in {img_path} ({self.stats['corrupt']} corrupt); "
                             f"see the warnings above")
+        if single_cls:  # copies: the label cache's arrays stay as read
+            self.labels = [{**lb, "cls": np.zeros_like(lb["cls"])} for lb in self.labels]
+        self.rect = bool(rect)
+        if self.rect:  # reorder by aspect ratio; batch i of the loader is batch i of these shapes
+            order, self.batch_index, self.batch_shapes = A.rect_batch_shapes(
+                np.array([lb["shape"] for lb in self.labels], dtype=np.float64), imgsz, stride, batch_size,
+                pad)
+            self.labels = [self.labels[i] for i in order]
+            for k in ("mosaic", "mixup", "cutmix"):  # whole-image mixes need one shape: off (as Ultralytics)
+                self.hyp[k] = 0.0
+        if augment and self.hyp["copy_paste"] > 0 and not _COPY_PASTE_REPORTED:
+            _COPY_PASTE_REPORTED.append(True)
+            LOGGER.warning(f"{self.prefix}copy_paste={self.hyp['copy_paste']}: copy-paste moves instance "
+                        f"segments and box-only labels have none, so it changes nothing here")
         self.im_files = [lb["im_file"] for lb in self.labels]
         # Shared memory so close_mosaic() reaches persistent DataLoader workers (they hold dataset copies).
         on = self.augment
-        self._aug = torch.tensor([self.hyp["mosaic"] * on, self.hyp["mixup"] * on]).share_memory_()
+        self._aug = torch.tensor([self.hyp["mosaic"] * on, self.hyp["mixup"] * on,
+                                  self.hyp["cutmix"] * on]).share_memory_()
         self.rng = np.random.default_rng(seed)
         self._bad: set[int] = set()
         self.ims = None
@@ -367,9 +393,9 @@ class YOLODataset(Dataset):
         self.rng = np.random.default_rng(seed)
 
     def close_mosaic(self) -> None:
-        """Switch mosaic and mixup off (the last `close_mosaic` epochs); affine/HSV/flips stay."""
+        """Switch mosaic, mixup and cutmix off (the last `close_mosaic` epochs); affine/HSV/flips stay."""
         self._aug.zero_()
-        self.hyp["mosaic"] = self.hyp["mixup"] = 0.0
+        self.hyp["mosaic"] = self.hyp["mixup"] = self.hyp["cutmix"] = 0.0
 
     # -- images
     def _cache_images(self):
@@ -427,30 +453,42 @@ class YOLODataset(Dataset):
                                         s, rng)
             img, boxes, cls = A.random_affine(img, boxes, cls, rng, border=-(s // 2), **aff)
         else:
+            shape = self._shape(index)
             index, img, ori, boxes, cls = self._load(index)
-            img, r, (pw, ph) = A.letterbox(img, s)
+            img, r, (pw, ph) = A.letterbox(img, shape, scaleup=not self.rect)
             boxes = boxes * r + np.array([pw, ph, pw, ph], np.float32)
             img, boxes, cls = A.random_affine(img, boxes, cls, rng, **aff)
         return index, img, ori, boxes, cls
 
+    def _shape(self, index):
+        """Output (h, w) of sample ``index``: its rect batch's shape, else the square imgsz."""
+        return tuple(int(v) for v in self.batch_shapes[self.batch_index[index]]) if self.rect else self.imgsz
+
     def __getitem__(self, index):
-        rng, hyp, s = self.rng, self.hyp, self.imgsz
+        rng, hyp = self.rng, self.hyp
         if self.augment:
             index, img, ori, boxes, cls = self._train_sample(index)
             mixup_p = float(self._aug[1])
             if mixup_p > 0 and rng.random() < mixup_p:
                 _, img2, _, boxes2, cls2 = self._train_sample(int(rng.integers(len(self))))
                 img, boxes, cls = A.mixup(img, boxes, cls, img2, boxes2, cls2, rng)
+            cutmix_p = float(self._aug[2])
+            if cutmix_p > 0 and rng.random() < cutmix_p:
+                _, img2, _, boxes2, cls2 = self._train_sample(int(rng.integers(len(self))))
+                img, boxes, cls = A.cutmix(img, boxes, cls, img2, boxes2, cls2, rng)
             img = A.augment_hsv(img, rng, hyp["hsv_h"], hyp["hsv_s"], hyp["hsv_v"])
             if rng.random() < hyp["flipud"]:
                 img, boxes = A.flip_ud(img, boxes)
             if rng.random() < hyp["fliplr"]:
                 img, boxes = A.flip_lr(img, boxes)
-            resized, ratio_pad = (s, s), None
+            if hyp["bgr"] and rng.random() < hyp["bgr"]:
+                img = np.ascontiguousarray(img[..., ::-1])  # RGB <-> BGR: the model sees the swapped order
+            resized, ratio_pad = img.shape[:2], None
         else:
+            shape = self._shape(index)
             index, img, ori, boxes, cls = self._load(index)
             resized = img.shape[:2]
-            img, r, (pw, ph) = A.letterbox(img, s)
+            img, r, (pw, ph) = A.letterbox(img, shape, scaleup=not self.rect)
             boxes = boxes * r + np.array([pw, ph, pw, ph], np.float32)
             # relative to the original image, for mapping predictions back
             r0 = r * resized[0] / ori[0] if ori[0] else r

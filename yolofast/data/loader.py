@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, DistributedSampler, get_worker_info
 from yolofast.data.collate import collate_fn
 from yolofast.data.dataset import YOLODataset
 
-__all__ = ["build_dataset", "build_dataloader", "seed_worker", "EpochSampler"]
+__all__ = ["build_dataset", "build_dataloader", "seed_worker", "split_fraction", "EpochSampler"]
 
 
 class EpochSampler(DistributedSampler):
@@ -44,10 +44,27 @@ class EpochSampler(DistributedSampler):
         return self.num_samples - self.start
 
 
-def build_dataset(img_path, imgsz=640, augment=True, hyp=None, stride=32, cache=False, prefix="", nc=None):
-    """YOLODataset for one split (train: augment=True; val: augment=False, letterbox only)."""
+def build_dataset(img_path, imgsz=640, augment=True, hyp=None, stride=32, cache=False, prefix="", nc=None,
+                  **kwargs):
+    """YOLODataset for one split (train: augment=True; val: augment=False, letterbox only); ``kwargs``:
+    single_cls, fraction, rect, batch_size, pad (see YOLODataset)."""
     return YOLODataset(img_path, imgsz=imgsz, augment=augment, hyp=hyp, stride=stride, cache=cache,
-                       prefix=prefix, nc=nc)
+                       prefix=prefix, nc=nc, **kwargs)
+
+
+def split_fraction(fraction, split: str):
+    """The ``fraction`` of one split: a scalar is the train split's (the others take all), a list is
+    [train, val, test] (missing entries: all). A ratio of exactly 1 (or 0 for test) is a float."""
+    if isinstance(fraction, (list, tuple)):
+        i = ("train", "val", "test").index(split) if split in ("train", "val", "test") else 3
+        fraction = fraction[i] if i < len(fraction) else 1.0
+    elif split != "train":
+        fraction = 1.0
+    if fraction in (0, 1):
+        fraction = float(fraction)
+    if fraction == 0 and split in ("train", "val"):
+        raise ValueError(f"fraction: the {split} split must keep at least one image")
+    return fraction
 
 
 def seed_worker(worker_id: int) -> None:
@@ -62,9 +79,10 @@ def seed_worker(worker_id: int) -> None:
     cv2.setNumThreads(0)  # one OpenCV thread per worker: W workers x N threads would oversubscribe 2 cores
 
 
-def build_dataloader(dataset, batch, workers, shuffle, rank=-1, seed=0, drop_last=False):
-    """DataLoader with collate_fn; an EpochSampler when shuffling or rank != -1 (call sampler.set_epoch
-    each epoch: the order is seeded by seed + epoch).
+def build_dataloader(dataset, batch, workers, shuffle, rank=-1, seed=0, drop_last=False, epoch_sampler=False):
+    """DataLoader with collate_fn; an EpochSampler when shuffling, rank != -1 or ``epoch_sampler`` (a train
+    loader in a fixed order: rect batches) (call sampler.set_epoch each epoch: the order is seeded by
+    seed + epoch).
 
     workers is capped at os.cpu_count(); workers > 0 are persistent (no re-fork per epoch);
     pin_memory only with CUDA. With workers == 0 the dataset's generator is reseeded from seed here.
@@ -79,8 +97,9 @@ def build_dataloader(dataset, batch, workers, shuffle, rank=-1, seed=0, drop_las
             world = int(os.environ.get("WORLD_SIZE", 1))
             sampler = EpochSampler(dataset, num_replicas=world, rank=rank, shuffle=shuffle, seed=seed,
                                    drop_last=drop_last)
-    elif shuffle:
-        sampler = EpochSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=seed, drop_last=drop_last)
+    elif shuffle or epoch_sampler:
+        sampler = EpochSampler(dataset, num_replicas=1, rank=0, shuffle=shuffle, seed=seed,
+                               drop_last=drop_last)
     generator = torch.Generator()
     generator.manual_seed(seed + max(rank, 0))  # different augmentation streams per rank
     if nw == 0 and hasattr(dataset, "reseed"):

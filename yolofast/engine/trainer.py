@@ -37,6 +37,7 @@ or instantiate it directly:
 from __future__ import annotations
 
 import contextlib
+import random
 import time
 import warnings
 from pathlib import Path
@@ -46,9 +47,9 @@ import yaml
 from torch import nn
 from tqdm import tqdm
 
-from yolofast.cfg import DEFAULTS, CfgError, get_cfg
+from yolofast.cfg import DEFAULTS, CfgError, get_cfg, quantize_half
 from yolofast.engine import checkpoint as ckpt_io
-from yolofast.engine import cudagraph, elastic, optim, resume
+from yolofast.engine import cudagraph, elastic, model_keys, optim, resume
 from yolofast.engine.autobatch import autobatch, autobatch_gt, resolve_batch
 from yolofast.engine.callbacks import Callbacks, ValBatchEvents
 from yolofast.engine.compile import compile_mode, train_step_modules
@@ -68,8 +69,10 @@ from yolofast.engine.distributed import (
     rank0_broadcast,
     unwrap_model,
 )
+from yolofast.engine.freeze import freeze_bn
 from yolofast.engine.gradnorm import GradNormStats
 from yolofast.engine.loggers import LOSS_NAMES, METRIC_COLUMNS, RESULTS_COLUMNS, default_loggers
+from yolofast.engine.multiscale import random_size, resize_batch
 from yolofast.engine.profiler import make_profiler
 from yolofast.engine.recovery import NonFiniteGuard, OutOfMemoryHalving, is_out_of_memory
 from yolofast.engine.validate_args import validate_args
@@ -77,6 +80,7 @@ from yolofast.engine.validate_args import validate_args
 # select_device, init_seeds, cpu_has_native_bf16: yolofast/engine/device.py (re-exported here)
 __all__ = ["Trainer", "RESULTS_COLUMNS", "cpu_has_native_bf16", "select_device", "increment_path",
            "init_seeds"]
+_VAL_CONF = 0.001  # what conf=None means for validation (Ultralytics' val default)
 
 
 def increment_path(path: str | Path, exist_ok: bool = False) -> Path:
@@ -120,6 +124,11 @@ class Trainer:
         from yolofast.data import check_data
 
         self.data = check_data(self.args.data)  # fails fast (DataError) on a wrong yaml
+        if self.args.single_cls:  # labels are still checked against the data's own classes
+            self.data = {**self.data, "label_nc": self.data["nc"], "nc": 1, "names": {0: "item"}}
+        if self.args.rect and self.world_size > 1:
+            raise CfgError("rect=True trains in one process only (its batches follow one sorted order); "
+                           "drop rect or run without torchrun")
         if self.args.split not in self.data:
             raise CfgError(f"split={self.args.split!r} but the data has no such split "
                            f"(it has {', '.join(k for k in ('train', 'val', 'test') if k in self.data)})")
@@ -200,29 +209,47 @@ class Trainer:
         elif isinstance(cfg, (str, Path)) and str(cfg).endswith(".pt"):
             from yolofast.io.transfer import model_from_weights
 
-            model = model_from_weights(cfg, nc, names, log=self.log)  # class rows carried over by name
+            model = model_from_weights(cfg, nc, names, log=self.log, load=self.args.pretrained is not False,
+                                       remap=self.args.cls_remap)
         else:
             model = build_model(cfg, nc=nc, verbose=self.args.verbose and is_main_process())
+            if isinstance(self.args.pretrained, str):  # pretrained=path: that file's weights into `model`
+                from yolofast.io.transfer import load_weights
+
+                load_weights(model, self.args.pretrained, names, remap=self.args.cls_remap, log=self.log)
         if weights is not None:
             model.load_state_dict(weights.state_dict() if isinstance(weights, nn.Module) else weights)
         model.names = names
         for n, p in model.named_parameters():  # the DFL's fixed 0..15 bin weights stay frozen (DDP needs
             p.requires_grad_(".dfl." not in n)  # every trainable parameter to get a gradient)
+        self.frozen = model_keys.apply_freeze(model, self.args, self.log)
         return model
 
     def get_dataloader(self, img_path, batch_size: int = 16, mode: str = "train"):
         """A data loader over ``img_path``: augmented and shuffled for "train", plain for "val"."""
         from yolofast.data import build_dataloader, build_dataset
+        from yolofast.data.loader import split_fraction
 
         a = self.args
         hyp = {k: getattr(a, k) for k in ("hsv_h", "hsv_s", "hsv_v", "degrees", "translate", "scale", "shear",
-                                           "perspective", "flipud", "fliplr", "mosaic", "mixup")}
+                                           "perspective", "flipud", "fliplr", "mosaic", "mixup", "bgr",
+                                           "cutmix", "copy_paste")}
         train = mode == "train"
         stride = max(int(unwrap_model(self.model).stride.max()), 32) if hasattr(self, "model") else 32
+        # Ultralytics validates in rect batches (half a stride of padding): with map_convention=ultralytics
+        # to reproduce its numbers, or when rect=True asks for them.
+        rect = a.rect if train else (a.rect or a.map_convention == "ultralytics")
+        try:
+            fraction = split_fraction(a.fraction, "train" if train else a.split)
+        except ValueError as e:
+            raise CfgError(str(e)) from None
         dataset = build_dataset(img_path, imgsz=a.imgsz, augment=train, hyp=hyp, stride=stride, cache=a.cache,
-                                prefix=f"{mode}: ", nc=self.data["nc"])
+                                prefix=f"{mode}: ", nc=self.data.get("label_nc", self.data["nc"]),
+                                single_cls=a.single_cls, fraction=fraction, rect=rect, batch_size=batch_size,
+                                pad=0.0 if train else 0.5)
         rank = self.rank if train else -1  # validation runs on rank 0 over the whole split
-        return build_dataloader(dataset, batch_size, a.workers, shuffle=train, rank=rank, seed=a.seed,
+        return build_dataloader(dataset, batch_size, a.workers, shuffle=train and not rect, rank=rank,
+                                seed=a.seed, epoch_sampler=train,
                                 drop_last=train and self._static_batches(len(dataset), batch_size))
 
     def _static_batches(self, n_images: int, batch_size: int) -> bool:
@@ -239,18 +266,24 @@ class Trainer:
 
         m = unwrap_model(model)
         strides = tuple(float(s) for s in m.stride)
+        weights = model_keys.class_weights_for(self, m.nc)  # cls_pw
         loss = DetectionLoss(m.nc, reg_max=getattr(m, "reg_max", 16), strides=strides, box=self.args.box,
-                             cls=self.args.cls, dfl=self.args.dfl)
+                             cls=self.args.cls, dfl=self.args.dfl, class_weights=weights)
         return loss.to(self.device) if isinstance(loss, nn.Module) else loss
 
     def get_validator(self):
         """``validator(model) -> metrics dict`` over the ``split`` data, with the validation loss."""
         from yolofast.val import Validator
 
-        return Validator(self.val_loader, self.data["names"], conf=self.args.conf, iou=self.args.iou,
+        a = self.args
+        return Validator(self.val_loader, self.data["names"], conf=_VAL_CONF if a.conf is None else a.conf,
+                         iou=self.args.iou,
                          max_det=self.args.max_det, loss=self.criterion, device=self.device,
-                         half=self.amp_dtype is not None, progress=self.args.verbose and is_main_process(),
-                         map_convention=self.args.map_convention)
+                         half=quantize_half(a.quantize, self.amp_dtype is not None),
+                         progress=self.args.verbose and is_main_process(),
+                         map_convention=self.args.map_convention,
+                         save_json=self.save_dir / "predictions.json" if self.args.save_json else None,
+                         coco_json=self.data.get("coco_json"))
 
     # ------------------------------------------------------------------ setup
     def log(self, msg: str) -> None:
@@ -278,10 +311,11 @@ class Trainer:
         else:
             src = self._model_obj if self._model_obj is not None else a.model
         self.model = self.get_model(src).to(self.device)
+        self.stride = max(int(unwrap_model(self.model).stride.max()), 32)  # multi_scale rounds sizes to it
         self.amp_dtype, self.scaler = setup_amp(self.args.amp, self.device)  # bf16/fp16/fp32 (device.py)
         # NHWC lets oneDNN/cuDNN pick their fast conv kernels: on the 2-core dev CPU the yolov8n step ran
         # 1.19x faster in fp32 (21.7 vs 18.2 images/s) and 1.08x in bf16 (36.9 vs 34.0).
-        self.channels_last = self.device.type in ("cuda", "cpu")
+        self.channels_last = self.device.type in ("cuda", "cpu") and a.channels_last is not False
         if self.channels_last:
             self.model.to(memory_format=torch.channels_last)
         self.model.train()
@@ -291,14 +325,13 @@ class Trainer:
             else:
                 warnings.warn("sync_bn=True needs DDP on CUDA (torchrun with nccl); BatchNorm statistics "
                               "stay per process", stacklevel=2)
-        self.criterion = self.get_loss(self.model)
-        # DDP wrap, loss x world size, torch.compile (model + whole loss): yolofast/engine/compile.py
-        self.train_model, self.train_loss = train_step_modules(self.model, self.criterion, self.device,
-                                                               a.compile, self.world_size)
-
         auto, fraction = resolve_batch(a.batch)
         self.batch_size = max(DEFAULTS["batch"] if auto else a.batch // self.world_size, 1)
         self.train_loader = self.get_dataloader(self.data["train"], self.batch_size, mode="train")
+        self.criterion = self.get_loss(self.model)  # after the loader: cls_pw counts its labels
+        # DDP wrap, loss x world size, torch.compile (model + whole loss): yolofast/engine/compile.py
+        self.train_model, self.train_loss = train_step_modules(self.model, self.criterion, self.device,
+                                                               a.compile, self.world_size)
         if auto and self.world_size > 1:
             # Profiling on rank 0 alone would run SyncBN / DDP collectives the other ranks never join.
             self.log(f"AutoBatch: single-process only; under DDP keeping batch {DEFAULTS['batch']} per rank "
@@ -322,6 +355,9 @@ class Trainer:
         self.accumulate = optim.accumulate_steps(a.nbs, a.batch)
         graph_why = graph_blockers(self.device, compile_mode(a.compile)[0], self.world_size > 1,
                                    self.accumulate, self.scaler.is_enabled()) if a.cuda_graph else None
+        if graph_why is not None and (a.multi_scale or a.rect):  # a graph replays one input shape
+            graph_why.append(f"{'multi_scale' if a.multi_scale else 'rect'} changes the input shape per "
+                             f"batch")
         resumed_auto = self._resume_state.get("optimizer_auto") if self.resume_ckpt is not None else None
         self.optimizer, self.optimizer_auto, self.momentum, self.warmup_bias_lr = optim.recipe_optimizer(
             self.model, a, len(self.train_loader.dataset), self.accumulate, self.data["nc"], resumed_auto,
@@ -365,6 +401,7 @@ class Trainer:
         for epoch in range(self.start_epoch, self.epochs):
             self.epoch = epoch
             model.train()
+            freeze_bn(model, getattr(self, "frozen", None))  # frozen layers keep their BatchNorm statistics
             sampler = getattr(self.train_loader, "sampler", None)
             if hasattr(sampler, "set_epoch"):
                 sampler.set_epoch(epoch)
@@ -492,6 +529,9 @@ class Trainer:
         dev = self.device
         out = {k: (v.to(dev, non_blocking=True) if torch.is_tensor(v) else v) for k, v in batch.items()}
         out["img"] = out["img"].float() / 255
+        if self.args.multi_scale:  # a random size per batch around imgsz (multiscale.py)
+            out["img"] = resize_batch(out["img"], random_size(self.args.imgsz, self.args.multi_scale,
+                                                              self.stride, random), self.stride)
         if self.channels_last:
             out["img"] = out["img"].contiguous(memory_format=torch.channels_last)
         return out
@@ -550,8 +590,10 @@ class Trainer:
 
         a = self.args
         ds = self.train_loader.dataset
-        self.train_loader = build_dataloader(ds, batch_size, a.workers, shuffle=True, rank=self.rank,
-                                             seed=a.seed, drop_last=self._static_batches(len(ds), batch_size))
+        self.train_loader = build_dataloader(ds, batch_size, a.workers,
+                                             shuffle=not getattr(ds, "rect", False),
+                                             rank=self.rank, seed=a.seed, epoch_sampler=True,
+                                             drop_last=self._static_batches(len(ds), batch_size))
         self.train_loader.sampler.start_at(epoch, skip)
         self.batch_size = batch_size
         a.batch = batch_size * self.world_size

@@ -3,7 +3,8 @@
 Every tensor whose name and shape match is copied. The head's class rows (the last conv of each ``cv3``
 branch: one weight row and one bias entry per class) are matched by class name, as Ultralytics 8.4 does
 with ``cls_remap=True``: a class of the new data that the checkpoint also knows gets its rows, the others
-keep their fresh initialisation (the prior bias of ``Detect.bias_init``).
+keep their fresh initialisation (the prior bias of ``Detect.bias_init``). With ``remap=False``
+(``cls_remap=False``) the class rows are copied by index, and only when both have the same number of classes.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import re
 import torch
 from torch import nn
 
-__all__ = ["transfer_weights", "class_row_keys", "model_from_weights"]
+__all__ = ["transfer_weights", "class_row_keys", "model_from_weights", "load_weights", "read_weights"]
 
 
 def class_row_keys(model: nn.Module) -> list[str]:
@@ -25,7 +26,7 @@ def class_row_keys(model: nn.Module) -> list[str]:
 
 @torch.no_grad()
 def transfer_weights(model: nn.Module, src: dict[str, torch.Tensor], src_names: dict[int, str],
-                     dst_names: dict[int, str]) -> dict:
+                     dst_names: dict[int, str], remap: bool = True) -> dict:
     """Copy ``src`` into ``model`` (see the module docstring). Returns counts for the log:
     ``tensors``/``total`` (fully copied / all tensors of ``model``), ``rows``/``classes`` (classes of the new
     data whose rows came from ``src``) and ``matched`` (their names)."""
@@ -34,6 +35,9 @@ def transfer_weights(model: nn.Module, src: dict[str, torch.Tensor], src_names: 
     by_name = {v: k for k, v in src_names.items()}
     pairs = [(j, by_name[n]) for j, n in sorted(dst_names.items()) if n in by_name]  # (new index, old index)
     same_classes = dict(src_names) == dict(dst_names)
+    if not remap:  # by index: rows line up when the counts match, whatever the names
+        same_classes = len(src_names) == len(dst_names)
+        pairs = []
     copied = 0
     for k, v in own.items():
         s = src.get(k)
@@ -55,27 +59,45 @@ def transfer_weights(model: nn.Module, src: dict[str, torch.Tensor], src_names: 
             "matched": matched}
 
 
-def model_from_weights(path, nc: int, names, log=print) -> nn.Module:
-    """A fresh model of the checkpoint's architecture for ``nc`` classes ``names``, started from its weights
-    (yolofast's or Ultralytics' .pt, read safely); class rows are carried over by class name. The
-    trainer's ``model=path.pt``."""
+def read_weights(path, key: str = "model") -> dict:
+    """``read_checkpoint(path)`` with the error a user of ``key=path`` needs when the file is missing."""
     from pathlib import Path
 
     from yolofast.cfg import CfgError
     from yolofast.io import read_checkpoint
-    from yolofast.nn import build_model
 
     if not Path(path).is_file():
-        raise CfgError(f"model={str(path)!r}: checkpoint not found (yolofast downloads no weights; use "
+        raise CfgError(f"{key}={str(path)!r}: checkpoint not found (yolofast downloads no weights; use "
                        f"'yolov8n' to train from scratch or a path to a yolofast or Ultralytics .pt)")
-    src = read_checkpoint(path)
+    return read_checkpoint(path)
+
+
+def load_weights(model: nn.Module, path, names, remap: bool = True, log=print,
+                 src: dict | None = None) -> None:
+    """``path``'s weights into ``model`` (``pretrained=path``, or ``model=path.pt``), class rows carried
+    over by name (``remap``, Ultralytics' ``cls_remap``) or by index; logs what was transferred."""
+    src = src or read_weights(path, "pretrained")
+    names = dict(enumerate(names)) if isinstance(names, (list, tuple)) else dict(names)
+    names = {int(k): str(v) for k, v in names.items()}
+    n = transfer_weights(model, src["state_dict"], src["names"], names, remap=remap)
+    log(f"Transferred {n['tensors']}/{n['total']} tensors, {n['rows']}/{n['classes']} class rows "
+        f"from {path} ({src['source']} {src['arch']}, {src['nc']} classes)")
+
+
+def model_from_weights(path, nc: int, names, log=print, load: bool = True, remap: bool = True) -> nn.Module:
+    """A fresh model of the checkpoint's architecture for ``nc`` classes ``names``, started from its weights
+    (yolofast's or Ultralytics' .pt, read safely; ``load=False``: ``pretrained=False``, the architecture
+    only). The trainer's ``model=path.pt``."""
+    from yolofast.cfg import CfgError
+    from yolofast.nn import build_model
+
+    src = read_weights(path, "model")
     if src["cfg"] is None:
         raise CfgError(f"model={str(path)!r} holds a custom {src['arch']} without a model config; pass "
                        f"the module itself (Trainer(model=module)) with its weights loaded")
     model = build_model(src["cfg"], nc=nc)
-    names = dict(enumerate(names)) if isinstance(names, (list, tuple)) else dict(names)
-    names = {int(k): str(v) for k, v in names.items()}
-    n = transfer_weights(model, src["state_dict"], src["names"], names)
-    log(f"Transferred {n['tensors']}/{n['total']} tensors, {n['rows']}/{n['classes']} class rows "
-        f"from {path} ({src['source']} {src['arch']}, {src['nc']} classes)")
+    if load:
+        load_weights(model, path, names, remap=remap, log=log, src=src)
+    else:
+        log(f"pretrained=False: {path}'s architecture ({src['arch']}) with fresh weights")
     return model

@@ -12,6 +12,7 @@ from torch import nn
 from tqdm import tqdm
 
 from yolofast.boxes import xywh2xyxy
+from yolofast.val.coco_json import CocoJson
 from yolofast.val.metrics import IOU_THRESHOLDS, APResult, ap_per_class, check_convention, match_predictions
 from yolofast.val.nms import non_max_suppression
 from yolofast.val.results import DetMetrics
@@ -49,8 +50,12 @@ class Validator:
     are averaged over batches. half: run the model under autocast (fp16 on CUDA, bf16 on CPU) without
     changing its weights. The model must already be on ``device``. map_convention: "coco" (pycocotools'
     matching and AP, the default) or "ultralytics" (Ultralytics 8.4's, to reproduce its numbers; its NMS
-    also keeps every class above ``conf`` per box, and the images get the extra half-stride grey border of
-    its rect val batches, as Ultralytics' val does), see ``yolofast.val.metrics``.
+    also keeps every class above ``conf`` per box; give it a loader over a rect data set, ``rect=True``
+    with ``pad=0.5``, to validate in Ultralytics' aspect-ratio batches; a square loader gets the half-stride
+    grey border of those batches instead), see ``yolofast.val.metrics``.
+    save_json: a path: write the predictions there as COCO results JSON (``coco_json.py``); with
+    ``coco_json`` (COCO annotations of these images) pycocotools evaluates it, and its mAP50-95 / mAP50
+    replace the metrics (as Ultralytics does), with all 12 COCO stats under ``coco/stats``.
     ``validator(model)`` returns the dict of common.md; the last result is also kept in ``self.result``.
     """
 
@@ -67,10 +72,14 @@ class Validator:
         verbose: bool = False,
         progress: bool = True,
         map_convention: str = "coco",
+        save_json=None,
+        coco_json: str | None = None,
     ):
         self.dataloader = dataloader
+        self.save_json, self.coco_json = save_json, coco_json
         self.names = dict(enumerate(names)) if isinstance(names, (list, tuple)) else dict(names)
-        self.conf, self.iou, self.max_det = conf, iou, max_det
+        self.conf = 0.001 if conf is None else conf  # None: Ultralytics' val default
+        self.iou, self.max_det = iou, max_det
         self.loss = loss
         self.device = as_device(device)
         self.half = half
@@ -112,6 +121,7 @@ class Validator:
         self.speed = {"preprocess": 0.0, "inference": 0.0, "loss": 0.0, "postprocess": 0.0}  # s, then ms/img
         clock = time.perf_counter
         self.images_per_class: dict[int, int] = {}
+        jdict = CocoJson(self.names, self.coco_json) if self.save_json else None
         bar = tqdm(
             self.dataloader,
             desc=f"{'':>22}{'Images':>11}{'Instances':>11}{'P':>11}{'R':>11}{'mAP50':>11}{'mAP50-95':>11}",
@@ -137,10 +147,14 @@ class Validator:
             dets = non_max_suppression(model.decode(feats), self.conf, self.iou, self.max_det,
                                        multi_label=self.map_convention == "ultralytics")
             h, w = img.shape[2] - 2 * border, img.shape[3] - 2 * border
-            for d in dets if self.map_convention == "ultralytics" else ():
-                # back to the letterboxed image and clipped to it, as Ultralytics clips to the image
-                d[:, [0, 2]] = (d[:, [0, 2]] - border).clamp(0, w)
-                d[:, [1, 3]] = (d[:, [1, 3]] - border).clamp(0, h)
+            for d, rp, ori in zip(dets, batch.get("ratio_pad") or [None] * len(dets), batch["ori_shape"]):
+                if self.map_convention == "ultralytics":  # clipped to the image, as Ultralytics clips
+                    x0, y0, x1, y1 = _content(rp, ori, w, h)
+                    d[:, [0, 2]] = (d[:, [0, 2]] - border).clamp(x0, x1)
+                    d[:, [1, 3]] = (d[:, [1, 3]] - border).clamp(y0, y1)
+            if jdict is not None:
+                for d, f, ori, rp in zip(dets, batch["im_file"], batch["ori_shape"], batch["ratio_pad"]):
+                    jdict.add(d, f, ori, rp)  # (ultralytics: the border is already taken off above)
             self._update_stats(stats, dets, batch, h, w)
             for k, dt in zip(self.speed, (t1 - t0, t2 - t1, t3 - t2, clock() - t3)):
                 self.speed[k] += dt
@@ -155,6 +169,8 @@ class Validator:
         self.result = ap_per_class(cat["tp"], cat["conf"], cat["pred_cls"], cat["target_cls"],
                                    convention=self.map_convention)
         out = self.result.results_dict()
+        if jdict is not None:
+            out.update(self._coco_eval(jdict))
         if self.loss is not None:
             items = (loss_sum / max(n_batches, 1)).cpu().tolist()
             out.update(dict(zip(LOSS_KEYS, items)))
@@ -162,12 +178,22 @@ class Validator:
             self.print_results()
         return out
 
+    def _coco_eval(self, jdict) -> dict:
+        path = jdict.save(self.save_json)
+        coco = jdict.evaluate(path)
+        if coco:  # pycocotools' own numbers replace ours, as Ultralytics does with COCO annotations
+            coco["metrics/mAP50-95(B)"], coco["metrics/mAP50(B)"] = coco["coco/mAP50-95"], coco["coco/mAP50"]
+            coco["fitness"] = coco["coco/mAP50-95"]
+        return coco
+
     def _border(self, model) -> int:
         """Ultralytics validates in rect batches padded by half a stride (its pad=0.5): a 224 x 224 image at
         imgsz 224 runs at 256 x 256, which changes its detections (on rect3 mAP50-95 0.171 -> 0.184 with
-        the same matching). The grey border of half the largest stride reproduces that for square images;
-        Ultralytics' aspect-ratio batches of non-square images are not reproduced."""
-        if self.map_convention != "ultralytics":
+        the same matching). A rect data set (``YOLODataset(rect=True, pad=0.5)``) already has those batch
+        shapes; for a square loader the grey border of half the largest stride gives the same input for
+        square images."""
+        if self.map_convention != "ultralytics" or getattr(getattr(self.dataloader, "dataset", None), "rect",
+                                                           False):
             return 0
         stride = getattr(model, "stride", None)
         return int(stride.max().item() if torch.is_tensor(stride) else (max(stride) if stride else 32)) // 2
@@ -209,6 +235,15 @@ class Validator:
             name = self.names.get(int(c), str(int(c)))
             n_img = self.images_per_class.get(int(c), 0)
             print(fmt % (name, n_img, r.nt[i], r.p[i], r.r[i], r.ap50[i], r.ap[i]))
+
+
+def _content(ratio_pad, ori_shape, w: int, h: int):
+    """(x0, y0, x1, y1): the original image's area inside the letterboxed one (the whole image without
+    ratio_pad)."""
+    if ratio_pad is None:
+        return 0, 0, w, h
+    (r, _), (pw, ph) = ratio_pad
+    return pw, ph, min(pw + ori_shape[1] * r, w), min(ph + ori_shape[0] * r, h)
 
 
 def load_model(weights_or_model) -> nn.Module:
@@ -255,18 +290,32 @@ def validate(
     half: bool = False,
     verbose: bool = True,
     map_convention: str = "coco",
+    rect: bool = False,
+    save_json: bool | str = False,
+    single_cls: bool = False,
+    quantize=None,
 ) -> DetMetrics:
     """Validate a model or checkpoint on the ``val`` split of a data yaml (``yolofast val``).
 
     Returns a ``DetMetrics``: the Validator's dict plus ``.box.map`` and the other Ultralytics attributes.
-    map_convention: "coco" (pycocotools' matching and AP) or "ultralytics" (reproduces Ultralytics 8.4).
+    map_convention: "coco" (pycocotools' matching and AP) or "ultralytics" (reproduces Ultralytics 8.4; its
+    aspect-ratio batches with half a stride of padding, as ``rect=True`` gives with either convention).
+    save_json: True (``runs/detect/val*/predictions.json``) or a path: COCO results JSON, evaluated by
+    pycocotools when the data yaml has ``coco_json``. single_cls: every label is class 0 (a one-class model).
+    quantize: 16 / "fp16" runs under autocast (as ``half=True``), 32 / "fp32" in fp32.
     """
+    from yolofast.cfg import quantize_half
+
+    half = quantize_half(quantize, half)
     from yolofast.data import build_dataloader, build_dataset, check_data
 
     model = load_model(weights_or_model)
     dev = as_device(device)
     model.to(dev)
     info = check_data(data)
+    label_nc = info["nc"]
+    if single_cls:
+        info = {**info, "nc": 1, "names": {0: "item"}}
     model_nc = getattr(model, "nc", None)
     if model_nc is not None and int(model_nc) != int(info["nc"]):
         raise ValueError(
@@ -274,9 +323,13 @@ def validate(
             "validate with the data set the model was trained on"
         )
     stride = int(max(getattr(model, "stride", torch.tensor([32.0])).max().item(), 32))
-    dataset = build_dataset(
-        info["val"], imgsz=imgsz, augment=False, stride=stride, prefix="val: ", nc=info["nc"]
-    )
+    rect = rect or map_convention == "ultralytics"
+    dataset = build_dataset(info["val"], imgsz=imgsz, augment=False, stride=stride, prefix="val: ",
+                            nc=label_nc, single_cls=single_cls, rect=rect, batch_size=batch, pad=0.5)
+    if save_json is True:
+        from yolofast.engine.trainer import increment_path
+
+        save_json = increment_path(Path("runs/detect/val")) / "predictions.json"
     loader = build_dataloader(dataset, batch, workers, shuffle=False)
     validator = Validator(
         loader,
@@ -289,6 +342,8 @@ def validate(
         verbose=verbose,
         progress=verbose,
         map_convention=map_convention,
+        save_json=save_json or None,
+        coco_json=info.get("coco_json"),
     )
     values = validator(model)
     return DetMetrics(values, validator.result, int(info["nc"]), validator.speed)
