@@ -1,0 +1,193 @@
+"""yolofast doctor: a healthy recipe passes; each sabotage is caught by its finding's name."""
+
+import copy
+import json
+
+import pytest
+import torch
+
+from yolofast import Trainer
+from yolofast.cli import main
+from yolofast.data import make_shapes
+from yolofast.doctor.trace import standard_branches
+from yolofast.loss import DetectionLoss
+from yolofast.nn import YOLOV8, build_model
+from yolofast.ops import backend
+
+# yolov8 at 1/8 width (~50k parameters): a doctor run at 64 px takes seconds.
+TINY = {k: v for k, v in copy.deepcopy(YOLOV8).items() if k != "scales"}
+TINY.update(depth_multiple=0.33, width_multiple=0.125, max_channels=256)
+FAST = dict(model=TINY, imgsz=64, batch=4, workers=0, verbose=False, plots=False, amp=False)
+STEPS = 60  # the healthy run: the test model needs ~60 steps to halve its loss (overfit.py)
+
+
+@pytest.fixture(autouse=True)
+def _restore_determinism():
+    yield
+    torch.use_deterministic_algorithms(False)
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    return str(make_shapes(root=tmp_path_factory.mktemp("shapes"), n_train=8, n_val=2, imgsz=64))
+
+
+def _doctor(cls, shapes, tmp_path, steps=10, **kw):
+    """A sabotaged recipe is caught in the trace or the gradients: 10 overfit steps are enough there."""
+    recipe = {**FAST, **kw}
+    return cls(data=shapes, project=tmp_path, name="doc", **recipe).doctor(steps=steps)
+
+
+def test_healthy_recipe_passes_and_saves_the_report(shapes, tmp_path):
+    r = _doctor(Trainer, shapes, tmp_path, steps=STEPS)
+    assert r.ok, r.text()
+    assert not r.findings, r.text()
+    fit = r.section("overfit").data
+    assert fit["passed"] and len(fit["losses"]) == STEPS
+    assert min(fit["losses"][-5:]) <= 0.5 * max(fit["losses"][:12])
+    d = tmp_path / "doc"
+    data = json.loads((d / "doctor.json").read_text())
+    assert data["ok"] is True and data["findings"] == []
+    trace = data["sections"]["trace"]
+    assert set(trace["items"]) == {"box", "cls", "dfl"}
+    assert all(abs(v - 1) < 1e-4 for v in trace["ratio_to_standard"].values())
+    assert sum(trace["assigner"]["positives_per_image"]) > 0
+    assert [h["shape"][1:] for h in trace["head"]] == [[64 + 5, 8, 8], [69, 4, 4], [69, 2, 2]]
+    grads = data["sections"]["gradients"]["branches"]
+    assert set(grads) == {"box", "cls", "dfl"}  # no residual: the recipe's loss is the standard one
+    assert (d / "doctor.txt").read_text().rstrip().endswith("(0 failing, 0 warnings)")
+    assert (d / "overfit.png").stat().st_size > 1000
+
+
+class OffByNLabels(Trainer):
+    """A loader whose class column is shifted past nc (1-based ids and a wrong names list, say)."""
+
+    def get_dataloader(self, img_path, batch_size=16, mode="train"):
+        loader, nc = super().get_dataloader(img_path, batch_size, mode), self.data["nc"]
+
+        class Shifted:
+            dataset = loader.dataset
+
+            def __len__(self):
+                return len(loader)
+
+            def __iter__(self):
+                for b in loader:
+                    yield {**b, "cls": b["cls"] + nc, "gt_cls": b["gt_cls"] + nc}
+
+        return Shifted()
+
+
+def test_labels_out_of_range_caught(shapes, tmp_path):
+    r = _doctor(OffByNLabels, shapes, tmp_path)
+    assert "labels-out-of-range" in r.names and not r.ok
+    f = next(f for f in r.findings if f.name == "labels-out-of-range")
+    assert f.level == "FAIL" and "nc=5" in f.fix
+
+
+class ClassTermCountedFourTimes(DetectionLoss):
+    """The class term x4, as summing it over a class-target tensor repeated 4x along the batch does."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        box, cls, dfl = self.gains
+        self.gains = (box, 4 * cls, dfl)
+
+
+class DuplicatedTargetLoss(Trainer):
+    def get_loss(self, model):
+        m = model
+        return ClassTermCountedFourTimes(m.nc, strides=tuple(float(s) for s in m.stride), box=self.args.box,
+                                         cls=self.args.cls, dfl=self.args.dfl)
+
+
+def test_branch_scaled_x4_caught(shapes, tmp_path):
+    r = _doctor(DuplicatedTargetLoss, shapes, tmp_path)
+    assert "loss-branch-scaled" in r.names and not r.ok
+    f = next(f for f in r.findings if f.name == "loss-branch-scaled")
+    assert "cls branch is 4.00x" in f.message
+    ratios = r.section("trace").data["ratio_to_standard"]
+    assert ratios["cls"] == pytest.approx(4.0, rel=1e-4) and ratios["box"] == pytest.approx(1.0, rel=1e-4)
+    # the extra 3x of the class term shows as a gradient beyond box/cls/dfl, 3x the cls one
+    g = r.section("gradients").data["branches"]
+    assert g["rest"]["head_maps"] == pytest.approx(3 * g["cls"]["head_maps"], rel=1e-3)
+
+
+def test_lr_zero_caught(shapes, tmp_path):
+    r = _doctor(Trainer, shapes, tmp_path, optimizer="SGD", lr0=0.0)
+    assert {"lr-zero", "overfit-failed"} <= r.names
+    fit = r.section("overfit").data
+    assert not fit["passed"] and fit["cause"] == "lr is 0"
+    assert fit["losses"][-1] == pytest.approx(fit["losses"][0], rel=1e-3)  # nothing moved
+
+
+class FrozenHead(Trainer):
+    def get_model(self, cfg=None, weights=None):
+        model = super().get_model(cfg, weights)
+        model.head.requires_grad_(False)
+        return model
+
+
+def test_frozen_head_caught(shapes, tmp_path):
+    r = _doctor(FrozenHead, shapes, tmp_path)
+    assert "head-frozen" in r.names and not r.ok
+
+
+class WithExtraTerm(Trainer):
+    """A loss with a fourth item, the way a distillation term is added (total + B * item)."""
+
+    def get_loss(self, model):
+        base = super().get_loss(model)
+
+        class Loss:
+            loss_names = ("box", "cls", "dfl", "distill")
+
+            def __call__(self, feats, batch):
+                total, items = base(feats, batch)
+                extra = sum((f[:, :4] ** 2).mean() for f in feats)  # differentiable, ~1
+                return total + extra * feats[0].shape[0], torch.cat((items, extra.detach().reshape(1)))
+
+        return Loss()
+
+
+def test_extra_loss_term_gets_its_own_gradient_row(shapes, tmp_path):
+    r = _doctor(WithExtraTerm, shapes, tmp_path)
+    g = r.section("gradients").data["branches"]
+    assert set(g) == {"box", "cls", "dfl", "distill"} and g["distill"]["model"] > 0
+    assert "loss-total-mismatch" not in r.names and "loss-branch-scaled" not in r.names
+    assert set(r.section("trace").data["items"]) == {"box", "cls", "dfl", "distill"}
+
+
+def test_one_branch_backward_matches_reference():
+    """Each branch alone, backpropagated through the fused op (the CPU default), gives the gradient the
+    pure-PyTorch reference gives: the per-branch gradients rest on that."""
+    torch.manual_seed(0)
+    model = build_model(TINY, nc=3).train()
+    loss = DetectionLoss(3, strides=tuple(float(s) for s in model.stride))
+    img = torch.rand(2, 3, 64, 64)
+    batch = {"batch_idx": torch.tensor([0.0, 0, 1]), "cls": torch.tensor([[0.0], [2], [1]]),
+             "bboxes": torch.tensor([[0.3, 0.3, 0.2, 0.3], [0.7, 0.6, 0.3, 0.2], [0.5, 0.5, 0.5, 0.4]])}
+    feats = [f.detach().double().float() for f in model(img)]
+    grads = {}
+    for name in ("ref", "auto"):
+        leaves = [f.clone().requires_grad_(True) for f in feats]
+        with backend(name):
+            t = standard_branches(loss, leaves, batch)
+            grads[name] = [torch.autograd.grad(t["branches"][k], leaves, retain_graph=True) for k in range(3)]
+    for k in range(3):
+        for a, b in zip(grads["ref"][k], grads["auto"][k]):
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-7)
+    total = [sum(grads["auto"][k][i] for k in range(3)) for i in range(3)]
+    leaves = [f.clone().requires_grad_(True) for f in feats]
+    whole = torch.autograd.grad(loss(leaves, batch)[0], leaves)
+    for a, b in zip(total, whole):  # the branches add up to the total's gradient (x batch 2)
+        torch.testing.assert_close(2 * a, b, rtol=1e-4, atol=1e-7)
+
+
+def test_cli_help_and_key_checking(capsys):
+    assert main(["doctor", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "doctor.txt" in out and "labels-out-of-range" in out
+    assert main(["doctor", "lr_0=0.1"]) == 2
+    assert "did you mean" in capsys.readouterr().err
+    assert main(["doctor", "--steps", "x"]) == 2
