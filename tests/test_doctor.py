@@ -85,20 +85,26 @@ def test_labels_out_of_range_caught(shapes, tmp_path):
     assert f.level == "FAIL" and "nc=5" in f.fix
 
 
-class ClassTermCountedFourTimes(DetectionLoss):
-    """The class term x4, as summing it over a class-target tensor repeated 4x along the batch does."""
+class ClassTermCounted(DetectionLoss):
+    """The class term x ``times``, as summing it over a class-target tensor repeated along the batch does."""
+
+    times = 4
 
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
         box, cls, dfl = self.gains
-        self.gains = (box, 4 * cls, dfl)
+        self.gains = (box, self.times * cls, dfl)
 
 
 class DuplicatedTargetLoss(Trainer):
+    times = 4
+
     def get_loss(self, model):
         m = model
-        return ClassTermCountedFourTimes(m.nc, strides=tuple(float(s) for s in m.stride), box=self.args.box,
-                                         cls=self.args.cls, dfl=self.args.dfl)
+        loss = ClassTermCounted(m.nc, strides=tuple(float(s) for s in m.stride), box=self.args.box,
+                                cls=self.args.cls, dfl=self.args.dfl)
+        loss.gains = (loss.gains[0], self.times * self.args.cls, loss.gains[2])
+        return loss
 
 
 def test_branch_scaled_x4_caught(shapes, tmp_path):
@@ -108,9 +114,41 @@ def test_branch_scaled_x4_caught(shapes, tmp_path):
     assert "cls branch is 4.00x" in f.message
     ratios = r.section("trace").data["ratio_to_standard"]
     assert ratios["cls"] == pytest.approx(4.0, rel=1e-4) and ratios["box"] == pytest.approx(1.0, rel=1e-4)
-    # the extra 3x of the class term shows as a gradient beyond box/cls/dfl, 3x the cls one
-    g = r.section("gradients").data["branches"]
-    assert g["rest"]["head_maps"] == pytest.approx(3 * g["cls"]["head_maps"], rel=1e-3)
+    # the gradients section shows the user's cls gradient, found to be 4x the standard one
+    g = r.section("gradients").data
+    assert set(g["branches"]) == {"box", "cls", "dfl"}
+    assert g["scaled_vs_standard"] == {"cls": pytest.approx(4.0, rel=1e-3)}
+
+
+class Repeated40Times(DuplicatedTargetLoss):
+    times = 40
+
+
+def test_dominant_branch_gradient_flagged(shapes, tmp_path):
+    r = _doctor(Repeated40Times, shapes, tmp_path)
+    f = next(f for f in r.findings if f.name == "gradient-branch-dominant")
+    assert f.message.startswith("the cls gradient is") and "Detect.cls" in f.message
+
+
+class NaNGradient(Trainer):
+    """A loss term that is 0 going forward but whose gradient is NaN (sqrt at 0 times the 0 of abs')."""
+
+    def get_loss(self, model):
+        base = super().get_loss(model)
+
+        def loss(feats, batch):
+            total, items = base(feats, batch)
+            bad = sum((f[:, :1] - f[:, :1].detach()).abs().sqrt().sum() for f in feats)
+            return total + bad, items
+
+        return loss
+
+
+def test_non_finite_gradient_flagged_where_it_starts(shapes, tmp_path):
+    r = _doctor(NaNGradient, shapes, tmp_path)
+    assert "loss-non-finite" not in r.names  # the loss itself is finite: only its gradient is not
+    f = next(f for f in r.findings if f.name == "gradient-non-finite")
+    assert f.message.startswith("the rest gradient is non-finite, starting at 22 Detect.box")
 
 
 def test_lr_zero_caught(shapes, tmp_path):

@@ -54,8 +54,8 @@ def run(trainer, steps: int = DEFAULT_STEPS, fraction: float = DEFAULT_FRACTION,
         grad_sec.data = check_gradients(grad_sec, s, feats)
         del feats
         tick = _took(grad_sec, tick)
-        no_pos = "no-positives" in {f.name for f in model_sec.findings}
-        fit_sec.data = overfit(fit_sec, s, steps, fraction, no_positives=no_pos)
+        earlier = data.findings + model_sec.findings + grad_sec.findings
+        fit_sec.data = overfit(fit_sec, s, steps, fraction, earlier=earlier)
         _took(fit_sec, tick)
         amp = str(trainer.amp_dtype).replace("torch.", "") if trainer.amp_dtype is not None else "off (fp32)"
     finally:

@@ -74,14 +74,33 @@ def branch_gradients(s, feats) -> dict:
         return [torch.zeros_like(f) if x is None else x for f, x in zip(leaves, g)]
 
     on_maps = {name: map_grad(t["branches"][k] * bsz) for k, name in enumerate(BRANCHES)}
+    scaled = {}
     if torch.as_tensor(total).requires_grad:
         g_total = map_grad(total, retain=False)
         rest = [gt - sum(on_maps[n][i] for n in BRANCHES) for i, gt in enumerate(g_total)]
         if _norm(rest) > 1e-4 * max(_norm(g_total), 1e-12) or not math.isfinite(_norm(rest)):
-            on_maps["+".join(names[3:]) if len(names) > 3 else "rest"] = rest
+            name, c = _multiple_of(rest, on_maps)
+            if name is not None:  # the user's loss weighs one branch differently: it is that branch's
+                on_maps[name] = [(1 + c) * g for g in on_maps[name]]
+                scaled[name] = 1 + c
+            else:
+                on_maps["+".join(names[3:]) if len(names) > 3 else "rest"] = rest
     out = {name: torch.autograd.grad(feats, params, grad_outputs=g, retain_graph=True, allow_unused=True)
            for name, g in on_maps.items()}
-    return {"grads": out, "params": params, "maps": {n: _norm(g) for n, g in on_maps.items()}}
+    return {"grads": out, "params": params, "maps": {n: _norm(g) for n, g in on_maps.items()},
+            "scaled": scaled}
+
+
+def _multiple_of(rest, on_maps) -> tuple[str | None, float]:
+    """(branch, c) when ``rest`` is c x that branch's map gradient (to 0.1 %), else (None, 0)."""
+    for name in BRANCHES:
+        g = on_maps[name]
+        gg = float(sum((x.double() * x.double()).sum() for x in g))
+        if gg > 0 and math.isfinite(gg):
+            c = float(sum((r.double() * x.double()).sum() for r, x in zip(rest, g))) / gg
+            if _norm([r - c * x for r, x in zip(rest, g)]) <= 1e-3 * _norm(rest):
+                return name, c
+    return None, 0.0
 
 
 def check_gradients(sec: Section, s, feats) -> dict:
@@ -106,13 +125,15 @@ def check_gradients(sec: Section, s, feats) -> dict:
     for gn, ps in groups:
         if ps:
             sec.add(f"  {gn:<22}" + "".join(f"{fmt(table[n]['groups'][gn]):>12}" for n in names))
-    out = {"branches": table}
+    for name, c in r["scaled"].items():
+        sec.add(f"({name}: your loss's gradient is {c:.2f}x the standard loss's for this branch)")
+    out = {"branches": table, "scaled_vs_standard": r["scaled"]}
 
     frozen = [gn for gn, ps in groups if not ps]
-    hp = [p for p in head_params(s.model)]
+    hp = head_params(s.model)
     if hp and not any(p.requires_grad for p in hp):
-        sec.flag("head-frozen", "FAIL", f"the Detect head has no trainable parameter ({len(hp)} frozen): "
-                 "it cannot learn the boxes or classes of this data",
+        sec.flag("head-frozen", "FAIL", f"the Detect head has no trainable parameter (its {len(hp)} tensors "
+                 "are frozen): it cannot learn the boxes or classes of this data",
                  "do not freeze the head (freeze=N counts layers from the input; requires_grad_(True) on "
                  "model.head)")
     elif frozen:

@@ -32,8 +32,9 @@ def _curve_line(losses, width: int = 10) -> str:
 
 
 def overfit(sec: Section, s, steps: int = DEFAULT_STEPS, fraction: float = DEFAULT_FRACTION,
-            no_positives: bool = False) -> dict:
-    """Train ``s.model`` in place on ``s.batch`` (clip 10.0 and the scaler, as the trainer's step)."""
+            earlier=()) -> dict:
+    """Train ``s.model`` in place on ``s.batch`` (clip 10.0 and the scaler, as the trainer's step);
+    ``earlier``: the findings of the trace and the gradients, to name the likely cause of a FAIL."""
     tr, opt, model = s.trainer, s.optimizer, s.model
     params = [p for p in model.parameters() if p.requires_grad]
     lrs = [float(g["lr"]) for g in opt.param_groups]
@@ -72,10 +73,8 @@ def overfit(sec: Section, s, steps: int = DEFAULT_STEPS, fraction: float = DEFAU
         sec.add(f"{'PASS' if passed else 'FAIL'}: the lowest of the last 5 losses is "
                 f"{out['final_ratio']:.3f} x the start {fmt(start, 3)} (threshold {fraction:g})")
     if lrs and all(x == 0 for x in lrs):
-        why = ("lr is 0 in every parameter group" + (" (optimizer=auto ignores lr0 only for AdamW's choice)"
-                                                      if s.trainer.args.optimizer == "auto" else ""))
-        sec.flag("lr-zero", "FAIL", f"{why}: no step can change a weight", "set lr0 > 0 (e.g. lr0=0.01 for "
-                 "SGD, 0.001 for AdamW), or optimizer=auto")
+        sec.flag("lr-zero", "FAIL", "lr is 0 in every parameter group: no step can change a weight",
+                 "set lr0 > 0 (e.g. lr0=0.01 for SGD, 0.001 for AdamW), or optimizer=auto")
     if passed:
         return out
     if bad_step is not None:
@@ -87,11 +86,15 @@ def overfit(sec: Section, s, steps: int = DEFAULT_STEPS, fraction: float = DEFAU
         cause, fix = "no parameter is trainable", "unfreeze the model (requires_grad_(True))"
     elif all(not p.requires_grad for p in getattr(model, "head", model).parameters()):
         cause, fix = "the head is frozen", "unfreeze the Detect head"
-    elif no_positives:
+    elif "no-positives" in {f.name for f in earlier}:
         cause, fix = "the assigner gave no positive anchor", "fix the labels (see the trace's assigner line)"
     elif missing:
         cause = f"{missing} parameters get no gradient"
         fix = "see the gradients section's layers the loss does not reach"
+    elif any(f.level == "FAIL" for f in earlier):
+        names = ", ".join(dict.fromkeys(f.name for f in earlier if f.level == "FAIL"))
+        cause = f"the loss fell only to {out['final_ratio']:.2f} x its start; the trace flagged {names}"
+        fix = "fix those findings first (below)"
     else:
         cause = (f"the loss fell only to {out['final_ratio']:.2f} x its start in {steps} steps: the model "
                  "or the loss cannot fit one batch")
