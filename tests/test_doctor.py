@@ -59,23 +59,39 @@ def test_healthy_recipe_passes_and_saves_the_report(shapes, tmp_path):
     assert (d / "overfit.png").stat().st_size > 1000
 
 
+class _Mapped:
+    """A loader whose batches pass through ``fn`` (a user's loader with a bug in it)."""
+
+    def __init__(self, loader, fn):
+        self.loader, self.fn, self.dataset = loader, fn, loader.dataset
+
+    def __len__(self):
+        return len(self.loader)
+
+    def __iter__(self):
+        return (self.fn(b) for b in self.loader)
+
+
 class OffByNLabels(Trainer):
     """A loader whose class column is shifted past nc (1-based ids and a wrong names list, say)."""
 
     def get_dataloader(self, img_path, batch_size=16, mode="train"):
-        loader, nc = super().get_dataloader(img_path, batch_size, mode), self.data["nc"]
+        nc = self.data["nc"]
+        return _Mapped(super().get_dataloader(img_path, batch_size, mode),
+                       lambda b: {**b, "cls": b["cls"] + nc, "gt_cls": b["gt_cls"] + nc})
 
-        class Shifted:
-            dataset = loader.dataset
 
-            def __len__(self):
-                return len(loader)
+class FirstImageOffCanvas(Trainer):
+    """A loader that moves image 0's boxes one image width to the right (pixel/normalized mix-up)."""
 
-            def __iter__(self):
-                for b in loader:
-                    yield {**b, "cls": b["cls"] + nc, "gt_cls": b["gt_cls"] + nc}
+    def get_dataloader(self, img_path, batch_size=16, mode="train"):
+        def move(b):
+            b = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in b.items()}
+            b["bboxes"][b["batch_idx"] == 0, 0] += 1.0
+            b["gt_bboxes"][0, :, 0] += 1.0
+            return b
 
-        return Shifted()
+        return _Mapped(super().get_dataloader(img_path, batch_size, mode), move)
 
 
 def test_labels_out_of_range_caught(shapes, tmp_path):
@@ -83,6 +99,26 @@ def test_labels_out_of_range_caught(shapes, tmp_path):
     assert "labels-out-of-range" in r.names and not r.ok
     f = next(f for f in r.findings if f.name == "labels-out-of-range")
     assert f.level == "FAIL" and "nc=5" in f.fix
+
+
+def test_boxes_outside_the_image_caught_with_the_reason(shapes, tmp_path):
+    r = _doctor(FirstImageOffCanvas, shapes, tmp_path, steps=2)
+    assert "boxes-out-of-range" in r.names
+    a = r.section("trace").data["assigner"]
+    n0 = r.section("data").data["fixed_batch"]["per_image"][0]
+    assert a["positives_per_image"][0] == 0 and a["reasons"] == {"outside": n0}
+    assert all(u["image"] == 0 and u["reason"] == "outside the image" for u in a["unassigned"])
+
+
+def test_user_module_left_untouched_and_train_runs_after(shapes, tmp_path):
+    module = build_model(TINY, nc=5)
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    t = Trainer(data=shapes, project=tmp_path, name="m", epochs=1, **{**FAST, "model": module})
+    assert t.doctor(steps=3).section("overfit").data["steps"] == 3
+    assert all(torch.equal(before[k], v) for k, v in module.state_dict().items())
+    assert not hasattr(t, "model")  # what the doctor borrowed is handed back: train() sets up its own
+    assert "fitness" in t.train()
+    assert (tmp_path / "m" / "doctor.txt").is_file() and (tmp_path / "m" / "weights" / "last.pt").is_file()
 
 
 class ClassTermCounted(DetectionLoss):
