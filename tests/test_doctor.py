@@ -187,6 +187,22 @@ def test_non_finite_gradient_flagged_where_it_starts(shapes, tmp_path):
     assert f.message.startswith("the rest gradient is non-finite, starting at 22 Detect.box")
 
 
+class BrokenLoss(Trainer):
+    def get_loss(self, model):
+        def loss(feats, batch):
+            raise RuntimeError("shape mismatch in my loss")
+
+        return loss
+
+
+def test_failing_loss_reported_not_raised(shapes, tmp_path):
+    r = _doctor(BrokenLoss, shapes, tmp_path)
+    f = next(f for f in r.findings if f.name == "loss-error")
+    assert "shape mismatch in my loss" in f.message
+    assert r.section("overfit").lines[0].startswith("skipped")
+    assert (tmp_path / "doc" / "doctor.json").is_file()
+
+
 def test_lr_zero_caught(shapes, tmp_path):
     r = _doctor(Trainer, shapes, tmp_path, optimizer="SGD", lr0=0.0)
     assert {"lr-zero", "overfit-failed"} <= r.names

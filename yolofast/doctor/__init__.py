@@ -48,22 +48,28 @@ def run(trainer, steps: int = DEFAULT_STEPS, fraction: float = DEFAULT_FRACTION,
         data.data = {"train_batch": aug, "fixed_batch": fixed}
         _dedupe(data)
         tick = time.time()
-        feats = s.forward()
-        model_sec.data = trace_model(model_sec, s, [f.detach() for f in feats])
+        feats = _guarded(model_sec, s.forward)
+        if feats is not None:
+            model_sec.data = trace_model(model_sec, s, [f.detach() for f in feats])
         tick = _took(model_sec, tick)
-        grad_sec.data = check_gradients(grad_sec, s, feats)
-        del feats
-        tick = _took(grad_sec, tick)
-        earlier = data.findings + model_sec.findings + grad_sec.findings
-        fit_sec.data = overfit(fit_sec, s, steps, fraction, earlier=earlier)
-        _took(fit_sec, tick)
+        if "loss-error" not in {f.name for f in model_sec.findings} and feats is not None:
+            grad_sec.data = _guarded(grad_sec, check_gradients, grad_sec, s, feats) or {}
+            tick = _took(grad_sec, tick)
+            del feats
+            earlier = data.findings + model_sec.findings + grad_sec.findings
+            fit_sec.data = _guarded(fit_sec, overfit, fit_sec, s, steps, fraction, earlier=earlier) or {}
+            _took(fit_sec, tick)
+        else:
+            for sec in (grad_sec, fit_sec):
+                sec.add("skipped: the model or the loss fails on this batch (see the trace)")
         amp = str(trainer.amp_dtype).replace("torch.", "") if trainer.amp_dtype is not None else "off (fp32)"
     finally:
         setup.restore(s)
     n_params = sum(p.numel() for p in s.model.parameters())
+    model = a.model if isinstance(a.model, (str, Path)) else type(s.model).__name__  # not a whole dict
     header = [f"yolofast {__version__} doctor  torch {torch.__version__}  {trainer.device}  "
               f"{platform.processor() or platform.machine()}  {torch.get_num_threads()} threads",
-              f"model {a.model} ({n_params / 1e6:.2f}M parameters, nc={s.nc}), data {a.data}, imgsz "
+              f"model {model} ({n_params / 1e6:.2f}M parameters, nc={s.nc}), data {a.data}, imgsz "
               f"{a.imgsz}, batch {s.batch['img'].shape[0]}, amp {amp}, optimizer {s.optimizer_name}, loss "
               f"{type(s.loss).__name__}"]
     report = Report([data, model_sec, grad_sec, fit_sec], header)
@@ -74,6 +80,16 @@ def run(trainer, steps: int = DEFAULT_STEPS, fraction: float = DEFAULT_FRACTION,
         print(report.text())
         print(f"saved {out / 'doctor.txt'}, doctor.json, overfit.png")
     return report
+
+
+def _guarded(sec: Section, fn, *args, **kw):
+    """``fn(*args)``; an exception (a user's hook failing on this batch) becomes a FAIL of ``sec``."""
+    try:
+        return fn(*args, **kw)
+    except Exception as e:  # reported as a finding: the report is still written
+        sec.flag(f"{sec.title}-error", "FAIL", f"{type(e).__name__}: {e}",
+                 "run that hook (forward, get_loss) on this batch by hand; the trace shows its inputs")
+        return None
 
 
 def _took(sec: Section, tick: float) -> float:

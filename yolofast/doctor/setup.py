@@ -51,8 +51,16 @@ def _first_batch(loader) -> dict:
 
 
 def prepare(trainer: Trainer) -> Session:
-    a = trainer.args
     saved = {k: getattr(trainer, k) for k in _BORROWED if hasattr(trainer, k)}
+    try:
+        return _prepare(trainer, saved)
+    except BaseException:
+        _put_back(trainer, saved)
+        raise
+
+
+def _prepare(trainer: Trainer, saved: dict) -> Session:
+    a = trainer.args
     init_seeds(a.seed, deterministic=False)  # the same model and batch every time; global flags left alone
     if trainer.resume_ckpt is not None and hasattr(trainer, "_resume_state"):
         src = copy.deepcopy(trainer._resume_state["model"])
@@ -93,8 +101,12 @@ def prepare(trainer: Trainer) -> Session:
 
 def restore(s: Session) -> None:
     """Put back what ``prepare`` borrowed, so a later ``train()`` starts from its own setup."""
+    _put_back(s.trainer, s.saved)
+
+
+def _put_back(trainer: Trainer, saved: dict) -> None:
     for k in _BORROWED:
-        if k in s.saved:
-            setattr(s.trainer, k, s.saved[k])
-        elif hasattr(s.trainer, k):
-            delattr(s.trainer, k)
+        if k in saved:
+            setattr(trainer, k, saved[k])
+        elif hasattr(trainer, k):
+            delattr(trainer, k)
