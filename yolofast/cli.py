@@ -129,7 +129,7 @@ def cmd_train(argv) -> int:
 
 _DOCTOR_HELP = """usage: yolofast doctor [key=value ...] [--steps N] [--fraction F]
 
-Checks that a recipe can learn before a long run is spent on it (about a minute on a CPU with the
+Checks that a recipe can learn before a long run is spent on it (20 s on one CPU core with the
 quick-start recipe), on the same keys as `yolofast train` (`yolofast train --help` lists them):
   trace      one batch through every stage: images (shape, dtype, range, NaN), targets (per image, classes
              and boxes out of range, duplicates), each head map, the assigner (positives per image and per
