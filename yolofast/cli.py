@@ -1,9 +1,11 @@
-"""``yolofast train|val|info|build|bench`` (also ``python -m yolofast ...``), Ultralytics' key=value style.
+"""``yolofast train|val|predict|export|doctor|info|build|bench`` (also ``python -m yolofast ...``),
+Ultralytics' key=value style.
 
     yolofast train                                  # built-in shapes data, quick-start recipe
     yolofast train data=coco128.yaml epochs=10 imgsz=320 batch=8
     yolofast train --help                           # every key with its default
     yolofast val model=runs/train/train/weights/best.pt data=shapes imgsz=256
+    yolofast doctor data=coco128.yaml imgsz=320      # trace, overfit and gradients of that recipe
     yolofast info                                   # versions, devices, threads, backend per op and why
     yolofast build                                  # build the C++/CUDA kernels now, and report
 
@@ -31,6 +33,7 @@ commands:
   val     validate a checkpoint: yolofast val model=path/best.pt [data=...] [imgsz=...]
   predict run a model on images/videos: yolofast predict model=best.pt source=images/ [conf=0.25] [save=True]
   export  write ONNX / TorchScript / an Ultralytics checkpoint: yolofast export model=best.pt format=onnx
+  doctor  check a recipe before training: trace one batch, overfit it, per-branch gradients (`--help`)
   info    versions, devices, threads and which kernel backend runs each op (and why)
   build   build (or load from cache) the C++/CUDA kernels and report (--cuda: also without a GPU)
   bench   kernel and train-step benchmarks against the references (`yolofast bench --help`)
@@ -122,6 +125,59 @@ def cmd_train(argv) -> int:
     print(f"\nmAP50 {metrics.get('metrics/mAP50(B)', float('nan')):.4f}  mAP50-95 "
           f"{metrics.get('metrics/mAP50-95(B)', float('nan')):.4f}  ->  results in {trainer.save_dir}")
     return 0
+
+
+_DOCTOR_HELP = """usage: yolofast doctor [key=value ...] [--steps N] [--fraction F]
+
+Checks that a recipe can learn before a long run is spent on it (20 s on one CPU core with the
+quick-start recipe), on the same keys as `yolofast train` (`yolofast train --help` lists them):
+  trace      one batch through every stage: images (shape, dtype, range, NaN), targets (per image, classes
+             and boxes out of range, duplicates), each head map, the assigner (positives per image and per
+             level, GTs left without one and why), each loss branch and its share, against the standard loss
+  gradients  each loss branch's gradient norm (box, cls, dfl, and anything else the loss adds, such as
+             distillation) over the whole model, the head and each layer; a branch 10x the others or a
+             non-finite gradient is flagged where it starts
+  overfit    --steps (default {steps}) steps on that one batch (no augmentation, no warmup); PASS when the
+             loss falls below --fraction (default {fraction}) of its start, else FAIL with the likely cause
+Each finding has a name (e.g. labels-out-of-range, loss-branch-scaled, lr-zero, head-frozen) and a one-line
+fix. The report is printed and saved as doctor.txt, doctor.json and overfit.png in project/name
+(default runs/doctor/train, train2, ...). Exit code 0 when nothing FAILs, 1 otherwise.
+From Python: Trainer(**recipe).doctor() returns the report (.ok, .names, .findings)."""
+
+
+def cmd_doctor(argv) -> int:
+    from yolofast.doctor import DEFAULT_FRACTION, DEFAULT_STEPS
+
+    if any(a in ("-h", "--help", "help") for a in argv):
+        print(_DOCTOR_HELP.format(steps=DEFAULT_STEPS, fraction=DEFAULT_FRACTION))
+        return 0
+    opts, keys = {}, []
+    it = iter(argv)
+    for a in it:  # --steps N / --steps=N: the doctor's own options, beside the recipe's key=value
+        name = a.split("=", 1)[0]
+        if name in ("--steps", "--fraction"):
+            value = a.split("=", 1)[1] if "=" in a else next(it, None)
+            try:
+                opts[name[2:]] = int(value) if name == "--steps" else float(value)
+            except (TypeError, ValueError):
+                example = DEFAULT_STEPS if name == "--steps" else DEFAULT_FRACTION
+                raise UsageError(f"{name} needs a number (e.g. {name} {example})") from None
+        else:
+            keys.append(a)
+    args = parse_args(keys)
+    check_keys(args)
+    if _is_shapes(args.get("data", DEFAULTS["data"])) and not args.get("resume"):
+        args = {**QUICKSTART, **args}
+    args.setdefault("project", "runs/doctor")
+    from yolofast.engine.trainer import Trainer
+
+    try:
+        report = Trainer(**args).doctor(**opts)
+    except ValueError as e:
+        if "doctor:" in str(e):
+            raise UsageError(str(e)) from None
+        raise
+    return 0 if report.ok else 1
 
 
 def cmd_val(argv) -> int:
@@ -296,7 +352,7 @@ def cmd_bench(argv) -> int:
 
 
 COMMANDS = {"train": cmd_train, "val": cmd_val, "predict": cmd_predict, "export": cmd_export,
-            "info": cmd_info, "build": cmd_build, "bench": cmd_bench}
+            "info": cmd_info, "build": cmd_build, "bench": cmd_bench, "doctor": cmd_doctor}
 
 
 def main(argv=None) -> int:

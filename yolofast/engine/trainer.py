@@ -195,6 +195,12 @@ class Trainer:
             destroy_distributed()
         return self.metrics
 
+    def doctor(self, **kw):
+        """Trace one batch, overfit it, check each loss branch's gradients (yolofast/doctor/)."""
+        from yolofast.doctor import run
+
+        return run(self, **kw)
+
     # ------------------------------------------------------------------ hooks for subclasses
     def get_model(self, cfg=None, weights=None) -> nn.Module:
         """The model to train: an nn.Module as given, a yolofast checkpoint's weights, or a fresh build."""

@@ -1,0 +1,112 @@
+"""What the doctor examines, built with the trainer's own hooks (``get_model``, ``get_dataloader``,
+``get_loss``, its AMP and optimizer setup), so a subclass or a recipe is diagnosed as it would train."""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from yolofast.cfg import DEFAULTS
+from yolofast.engine import optim
+from yolofast.engine.autobatch import resolve_batch
+from yolofast.engine.trainer import Trainer, init_seeds
+
+__all__ = ["Session", "prepare", "restore"]
+
+# Trainer attributes the doctor sets while it works (the hooks read them) and puts back afterwards.
+_BORROWED = ("model", "channels_last", "amp_dtype", "scaler")
+
+
+@dataclass
+class Session:
+    trainer: Trainer
+    model: nn.Module
+    loss: object  # the user's: trainer.get_loss(model)
+    standard: object  # Trainer.get_loss: the recipe's DetectionLoss, the yardstick for the branches
+    batch: dict  # one batch of the training split without augmentation, on the device, images in [0, 1]
+    train_batch: dict | None  # the first batch of the training pipeline (augmented), as the loop sees it
+    optimizer: torch.optim.Optimizer
+    optimizer_name: str
+    nc: int
+    saved: dict
+
+    def autocast(self):
+        return self.trainer.autocast()
+
+    def forward(self):
+        """The head maps of the fixed batch, in float32 (the loss runs in float32, as in the trainer)."""
+        with self.autocast():
+            feats = self.model(self.batch["img"])
+        return [f.float() for f in feats]
+
+
+def _first_batch(loader) -> dict:
+    for batch in loader:
+        return batch
+    raise ValueError("the training split gave no batch: check data= (its train images and labels)")
+
+
+def prepare(trainer: Trainer) -> Session:
+    saved = {k: getattr(trainer, k) for k in _BORROWED if hasattr(trainer, k)}
+    try:
+        return _prepare(trainer, saved)
+    except BaseException:
+        _put_back(trainer, saved)
+        raise
+
+
+def _prepare(trainer: Trainer, saved: dict) -> Session:
+    a = trainer.args
+    init_seeds(a.seed, deterministic=False)  # the same model and batch every time; global flags left alone
+    if trainer.resume_ckpt is not None and hasattr(trainer, "_resume_state"):
+        src = copy.deepcopy(trainer._resume_state["model"])
+    elif trainer._model_obj is not None:
+        src = copy.deepcopy(trainer._model_obj)  # the doctor trains it: the user's module stays untouched
+    else:
+        src = a.model
+    model = trainer.get_model(src).to(trainer.device)
+    trainer.model = model  # get_dataloader reads the stride from it
+    trainer._setup_amp()
+    trainer.channels_last = trainer.device.type in ("cuda", "cpu")  # as _setup_train: the recipe's layout
+    if trainer.channels_last:
+        model.to(memory_format=torch.channels_last)
+    model.train()
+    loss = trainer.get_loss(model)
+    standard = Trainer.get_loss(trainer, model)
+
+    auto, _ = resolve_batch(a.batch)
+    bs = DEFAULTS["batch"] if auto else int(a.batch)
+    workers, a.workers = a.workers, 0  # two batches: worker processes would cost more than they save
+    try:
+        train_loader = trainer.get_dataloader(trainer.data["train"], bs, mode="train")
+        plain_loader = trainer.get_dataloader(trainer.data["train"], bs, mode="val")  # letterbox only
+        batch = trainer.preprocess_batch(_first_batch(plain_loader))
+        train_batch = trainer.preprocess_batch(_first_batch(train_loader))
+    finally:
+        a.workers = workers
+
+    accumulate = optim.accumulate_steps(a.nbs, bs)
+    decay = optim.scaled_weight_decay(a.weight_decay, bs, accumulate, a.nbs)
+    n_images = len(getattr(train_loader, "dataset", ()) or ()) or bs
+    iterations = math.ceil(n_images / max(bs, a.nbs)) * a.epochs
+    opt, name, _, _ = optim.build_optimizer(model, a.optimizer, a.lr0, a.momentum, decay, iterations,
+                                            nc=trainer.data["nc"])
+    return Session(trainer, model, loss, standard, batch, train_batch, opt, name, int(trainer.data["nc"]),
+                   saved)
+
+
+def restore(s: Session) -> None:
+    """Put back what ``prepare`` borrowed, so a later ``train()`` starts from its own setup."""
+    _put_back(s.trainer, s.saved)
+
+
+def _put_back(trainer: Trainer, saved: dict) -> None:
+    for k in _BORROWED:
+        if k in saved:
+            setattr(trainer, k, saved[k])
+        elif hasattr(trainer, k):
+            delattr(trainer, k)
