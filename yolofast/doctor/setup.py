@@ -13,12 +13,13 @@ from torch import nn
 from yolofast.cfg import DEFAULTS
 from yolofast.engine import optim
 from yolofast.engine.autobatch import resolve_batch
+from yolofast.engine.device import setup_amp
 from yolofast.engine.trainer import Trainer, init_seeds
 
 __all__ = ["Session", "prepare", "restore"]
 
 # Trainer attributes the doctor sets while it works (the hooks read them) and puts back afterwards.
-_BORROWED = ("model", "channels_last", "amp_dtype", "scaler")
+_BORROWED = ("model", "channels_last", "amp_dtype", "scaler", "stride", "train_loader")
 
 
 @dataclass
@@ -70,13 +71,13 @@ def _prepare(trainer: Trainer, saved: dict) -> Session:
         src = a.model
     model = trainer.get_model(src).to(trainer.device)
     trainer.model = model  # get_dataloader reads the stride from it
-    trainer._setup_amp()
-    trainer.channels_last = trainer.device.type in ("cuda", "cpu")  # as _setup_train: the recipe's layout
+    trainer.stride = max(int(model.stride.max()), 32)  # multi_scale rounds its sizes to it
+    trainer.amp_dtype, trainer.scaler = setup_amp(a.amp, trainer.device)
+    # as _setup_train: the recipe's layout
+    trainer.channels_last = trainer.device.type in ("cuda", "cpu") and a.channels_last is not False
     if trainer.channels_last:
         model.to(memory_format=torch.channels_last)
     model.train()
-    loss = trainer.get_loss(model)
-    standard = Trainer.get_loss(trainer, model)
 
     auto, _ = resolve_batch(a.batch)
     bs = DEFAULTS["batch"] if auto else int(a.batch)
@@ -88,6 +89,9 @@ def _prepare(trainer: Trainer, saved: dict) -> Session:
         train_batch = trainer.preprocess_batch(_first_batch(train_loader))
     finally:
         a.workers = workers
+    trainer.train_loader = train_loader  # cls_pw weighs the classes by this loader's labels
+    loss = trainer.get_loss(model)
+    standard = Trainer.get_loss(trainer, model)
 
     accumulate = optim.accumulate_steps(a.nbs, bs)
     decay = optim.scaled_weight_decay(a.weight_decay, bs, accumulate, a.nbs)
