@@ -39,7 +39,7 @@ def backward(ctx, g_losses, *_unused):
     c = g_losses.to(inv_s.dtype) * inv_s  # (3,): the incoming grads over S
     grad_dist = grad_pred_scores = None
     if ctx.needs_input_grad[0] and ctx.needs_input_grad[1] and _fused_scale_here(grad_dist_box):
-        # One pass over the stored gradients instead of three (b8/640: ~5.7 -> ~3 ms at 1 thread).
+        # One pass over the stored gradients instead of three (b8/640, 1 thread: 5.4 -> 3.7 ms, best of 40).
         grad_dist, grad_pred_scores = torch.ops.yolofast._bbox_loss_scale(
             grad_dist_box, grad_dist_dfl, grad_scores, fg_mask, c)
         return grad_dist.to(ctx.dtypes[0]), grad_pred_scores.to(ctx.dtypes[1]), None, None, None, None
