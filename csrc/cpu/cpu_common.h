@@ -1,6 +1,6 @@
 // Helpers shared by the CPU kernels of yolofast: explicit SIMD (ATen's Vectorized for the ISA the build
-// targets), a thread probe (for the test that the kernels really run on the threads torch has) and float
-// exp/log1p that the compiler can vectorise. Include this header before any other: see the SIMD note.
+// targets) and a thread probe (for the test that the kernels really run on the threads torch has).
+// Include this header before any other: see the SIMD note.
 #pragma once
 
 // SIMD: ATen's at::vec::Vectorized<T> (one source for AVX2, AVX-512 and NEON) picks its AVX2/AVX-512 code
@@ -58,46 +58,6 @@ inline void note_thread() {
 inline bool poison_outputs() {
   const char* v = std::getenv("YOLOFAST_POISON_OUTPUTS");
   return v != nullptr && v[0] != '\0' && v[0] != '0';
-}
-
-// exp(z) for z <= 0, ~1 ulp (Cephes expf: range reduction by ln 2 split into hi + lo, degree-5 polynomial,
-// 2^n from the exponent bits). Written so that gcc/clang vectorise loops calling it without -ffast-math:
-// std::exp calls libm per element, and gcc 12 does not vectorise floorf without -fno-trapping-math, hence
-// rounding by adding and subtracting 1.5 * 2^23. Inputs below -87 are clamped (exp(-87) = 1.6e-38: the
-// true value is smaller still, an absolute error nobody can see in a loss term).
-inline float exp_nonpos(float z) {
-  z = std::max(z, -87.0f);
-  const float fx = (z * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(z / ln 2)
-  float r = z - fx * 0.693359375f;
-  r = r - fx * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(fx) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
-}
-
-// log1p(e) for e in [0, 1] as 2*atanh(s), s = e / (2 + e) in [0, 1/3]: the odd series to s^15 leaves a
-// relative error < (1/9)^8 / 17 = 1.4e-9, and unlike log(1 + e) it keeps full relative precision for tiny e
-// (e = exp(-|x|) is ~1e-4 for a confident background logit; log(1 + e) would lose ~3 digits there).
-inline float log1p_unit(float e) {
-  const float s = e / (2.0f + e);
-  const float s2 = s * s;
-  float q = 1.0f / 15.0f;
-  q = q * s2 + 1.0f / 13.0f;
-  q = q * s2 + 1.0f / 11.0f;
-  q = q * s2 + 1.0f / 9.0f;
-  q = q * s2 + 1.0f / 7.0f;
-  q = q * s2 + 1.0f / 5.0f;
-  q = q * s2 + 1.0f / 3.0f;
-  q = q * s2 + 1.0f;
-  return 2.0f * s * q;
 }
 
 }  // namespace yolofast

@@ -107,6 +107,9 @@ struct Ciou {
     proper = g.proper && px2 >= px1 && py2 >= py1;
   }
 
+  // From the cheap part computed elsewhere (ciou_lanes below, lane by lane the same operations).
+  inline Ciou(T iou_, T q_, T w2_, T h2_, bool proper_) : iou(iou_), q(q_), w2(w2_), h2(h2_), proper(proper_) {}
+
   inline T upper() const { return iou - q; }
 
   // atan_pred = atan(w2 / h2) of this prediction, from at::atan like the reference (libm differs by an ulp).

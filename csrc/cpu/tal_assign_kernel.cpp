@@ -13,6 +13,9 @@
 //   5. per anchor (parallel over B*A): write every output element once (target_scores rows included).
 // Overlaps and aligns are bit-identical to the reference's: same operation order, no FMA contraction, atan
 // from at::atan and pow from the SLEEF function that ATen's pow uses (tal_assign_math.h).
+// First: cpu_common.h selects the ISA of at::vec::Vectorized, which must precede any ATen header.
+#include "cpu_common.h"
+
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 #include <torch/types.h>
@@ -24,10 +27,10 @@
 #include <tuple>
 #include <vector>
 
-#include "cpu_common.h"
 #include "op_checks.h"
 #include "tal_assign_geometry.h"
 #include "tal_assign_math.h"
+#include "tal_assign_simd.h"
 
 namespace yolofast {
 namespace tal {
@@ -207,8 +210,7 @@ void assign(const at::Tensor& scores_t, const at::Tensor& pbox_t, const at::Tens
     const T* pa = pd_atan + b * A;
     Pick<T>* buf = picks.data() + i * k;
     int64_t n = 0;
-    auto visit = [&](int64_t a) {
-      const Ciou<T> c(g, pb + 4 * a, P.ciou_eps);
+    auto visit = [&](int64_t a, const Ciou<T>& c) {
       const T ub = c.upper();
       // ciou <= ub <= 0 -> overlap 0 -> align 0: never picked. Exact, so no tie can change. (A NaN ub is
       // not pruned: the reference's NaN align outranks everything and takes a top-k slot.)
@@ -229,15 +231,23 @@ void assign(const at::Tensor& scores_t, const at::Tensor& pbox_t, const at::Tens
       if (p.align > T(0) || std::isnan(p.align)) topk_push(buf, n, k, p);
     };
     if (grid) {
+      // A candidate row is consecutive anchors: their CIoU bounds are computed a vector at a time.
+      CiouLanes<T> lanes;
+      constexpr int64_t W = CiouLanes<T>::W;
       for (size_t j = 0; j < n_blocks; ++j) {
         const int64_t* r = &rects[(i * n_blocks + j) * 4];
         const Block<T>& blk = blocks[j];
         for (int64_t iy = r[2]; iy < r[3]; ++iy)
-          for (int64_t ix = r[0]; ix < r[1]; ++ix) visit(blk.start + iy * blk.w + ix);
+          for (int64_t ix = r[0]; ix < r[1]; ix += W) {
+            const int64_t a0 = blk.start + iy * blk.w + ix;
+            const int cnt = static_cast<int>(std::min<int64_t>(W, r[1] - ix));
+            lanes.compute(g, pb + 4 * a0, cnt, P.ciou_eps);
+            for (int l = 0; l < cnt; ++l) visit(a0 + l, lanes.lane(g, l));
+          }
       }
     } else {
       for (int64_t a = 0; a < A; ++a)
-        if (centre_inside(anc[2 * a], anc[2 * a + 1], e, P.eps)) visit(a);
+        if (centre_inside(anc[2 * a], anc[2 * a + 1], e, P.eps)) visit(a, Ciou<T>(g, pb + 4 * a, P.ciou_eps));
     }
     int64_t kept = 0;  // drop the NaN placeholders, keep the order
     for (int64_t j = 0; j < n; ++j)

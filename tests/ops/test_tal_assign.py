@@ -247,6 +247,33 @@ def test_small_boxes_are_widened_and_may_have_fewer_than_k_candidates(op):
     assert (counts > 0).all() and (counts < TOPK).any()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_candidate_rows_of_every_width(op, dtype):
+    """The kernel computes the CIoU bounds of a candidate row a SIMD vector at a time (4, 8 or 16 lanes, 2-8
+    for float64): rows of 1..40 stride-8 anchors end on every lane of a partial vector. Per-anchor
+    predictions near each GT (so overlaps are > 0 and compete), some inverted (x2 < x1) and some NaN at
+    row ends, and top-k 100 so that every candidate's value is used."""
+    g = torch.Generator().manual_seed(7)
+    # GT j spans j + 1 stride-8 centres in x and 2 in y (edges 3 px off the centres), shifted along x.
+    gts = []
+    for j, w in enumerate(range(1, 41)):
+        x1, y1 = 24.0 * (j % 8) + 1.0, 16.0 * j + 2.0
+        gts.append([x1, y1, x1 + 8.0 * w, y1 + 16.0])
+    labels = [j % 4 for j in range(len(gts))]
+    scores, pd, anc, lab, gt, mask = _one_image(gts, labels, dtype=dtype)
+    A = anc.shape[0]
+    jitter = (torch.rand(A, 4, generator=g, dtype=dtype) - 0.5) * 12
+    pd = torch.cat((anc - 9, anc + 9), -1) + jitter
+    inverted = torch.rand(A, generator=g) < 0.05
+    pd = torch.where(inverted[:, None], pd[:, [2, 3, 0, 1]], pd)
+    row_end = (anc[:, 0] - 4) % 64 == 56  # x = 60, 124, ...: the last lane of many rows
+    nan = row_end & (torch.rand(A, generator=g) < 0.3)
+    pd = torch.where(nan[:, None], torch.full_like(pd, float("nan")), pd)
+    scores = torch.rand(1, A, 4, generator=g, dtype=dtype) * 0.9 + 0.05
+    ref, out = check(op, (scores, pd[None], anc, lab, gt, mask), topk=100)
+    assert out[3].sum() > 200  # many positives: the comparison covered real picks
+
+
 def test_no_gt_slots(op):
     scores, pd, anc, labels, gt, mask = random_scene(3, B=2, M=4)
     ref, out = check(op, (scores, pd, anc, labels[:, :0], gt[:, :0], mask[:, :0]))

@@ -21,6 +21,9 @@ Ops (tensor shapes as in ``reference.py``):
       the same loss read from the Detect head's per-level maps (B, 4R+C, H_i, W_i) in place (anchors level
       by level, pixel h*W_i + w); the gradients come out in the maps' layout: grad_main holds those of
       S*L_box (channels < 4R) and S*L_cls (channels >= 4R), grad_dfl that of S*L_dfl.
+  _bbox_loss_scale(grad_dist_box, grad_dist_dfl, grad_scores, fg_mask, c) -> (grad_dist, grad_scores)
+      bbox_loss's backward in one pass (CPU): gd_box*c[0] + gd_dfl*c[2] (reading only the foreground
+      rows, the others are zero) and gs*c[1], with c = g * inv_s (3,).
   head_decode(feats, strides, reg_max) -> (pd_scores (B, A, C) sigmoid, pd_bboxes (B, A, 4) xyxy pixels)
       the assigner's inputs decoded from the maps in one pass (reference.bbox_decode * stride); no gradient.
   ema_update(ema!, model, decay) -> ()   in place ema = lerp(ema, model, 1 - decay).
@@ -53,6 +56,10 @@ _lib.define(
 _lib.define(
     "bbox_loss_maps(Tensor[] feats, Tensor anchor_points, Tensor target_bboxes, Tensor target_scores, "
     "Tensor fg_mask, int reg_max) -> (Tensor, Tensor[], Tensor[], Tensor)"
+)
+_lib.define(
+    "_bbox_loss_scale(Tensor grad_dist_box, Tensor grad_dist_dfl, Tensor grad_scores, Tensor fg_mask, "
+    "Tensor c) -> (Tensor, Tensor)"
 )
 _lib.define("head_decode(Tensor[] feats, float[] strides, int reg_max) -> (Tensor, Tensor)")
 _lib.define("_bbox_vec_bits(Tensor x) -> int")
@@ -91,6 +98,11 @@ def _bbox_loss_fake(pred_dist, pred_scores, anchor_points, target_bboxes, target
         pred_dist.new_empty((B, A, C), dtype=dt),
         pred_dist.new_empty((), dtype=dt),
     )
+
+
+@torch.library.register_fake("yolofast::_bbox_loss_scale", lib=_lib)
+def _bbox_loss_scale_fake(grad_dist_box, grad_dist_dfl, grad_scores, fg_mask, c):
+    return torch.empty_like(grad_dist_box), torch.empty_like(grad_scores)
 
 
 def _maps_dtype(feats) -> torch.dtype:
