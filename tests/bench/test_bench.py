@@ -146,6 +146,35 @@ def test_runner_rows_with_ratios_on_a_tiny_preset():
     assert "tal_assign" in format_table(rows)
 
 
+def test_rounds_alternate_blocks_and_keep_each_variants_fastest(monkeypatch):
+    """Fake clock: each call advances it by a scripted time; a 'burst' makes one block 5x slower."""
+    from yolofast.bench import clock as bench_clock
+
+    t = [0.0]
+    monkeypatch.setattr(bench_clock, "now", lambda kind: lambda: t[0])
+    order = []
+    script = {  # warm-up, then 3 blocks of 1 call per round, 2 rounds
+        "ref": iter([1.0, 1.0, 5.0, 1.2, 1.1, 1.0, 4.0]),
+        "cpp": iter([1.0, 0.5, 0.5, 3.0, 2.5, 0.6, 0.55]),  # warm-up 1 s: 3 calls a round too
+    }
+
+    def call(name):
+        def fn():
+            order.append(name)
+            t[0] += next(script[name])
+        return fn
+
+    case = Case(get_preset("tiny-loss"), "tal_assign", "cpu", [Variant("ref", call("ref")),
+                                                               Variant("cpp", call("cpp"))])
+    rows = {r.backend: r for r in time_case(case, rounds=2, min_round_s=3.0, chunks=3)}
+    assert rows["ref"].calls_per_round == 3 and rows["cpp"].calls_per_round == 3
+    # after the warm-ups: ABBAAB, then the next round starts with the other variant: BAABBA
+    assert order[2:] == ["ref", "cpp", "cpp", "ref", "ref", "cpp", "cpp", "ref", "ref", "cpp", "cpp", "ref"]
+    assert rows["ref"].times_ms == pytest.approx([1000.0, 1000.0])  # the bursts (5 s, 4 s) are dropped
+    assert rows["cpp"].times_ms == pytest.approx([500.0, 550.0])
+    assert rows["cpp"].ratios == pytest.approx([0.5, 0.55]) and rows["cpp"].clock == "cpu"
+
+
 def test_unavailable_and_failing_backends_become_rows():
     def boom():
         raise RuntimeError("kernel exploded")

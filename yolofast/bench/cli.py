@@ -183,7 +183,11 @@ def run_bench(args: argparse.Namespace, out=print) -> dict:
                           progress=progress)
         del cases
     progress.done()
+    from yolofast.bench.clock import clock_name
+    from yolofast.bench.runner import keep_heap_pages
+
     meta.update(what=args.what, rounds=args.rounds, seed=args.seed, min_round_s=args.min_round_seconds,
+                clock=clock_name(device, threads), heap_pages_kept=keep_heap_pages(),
                 presets=[p.name for p in presets],
                 seconds=round(time.perf_counter() - t0, 1))
     result = {**meta, "rows": [r.to_dict() for r in rows]}

@@ -229,6 +229,8 @@ def meta_differences(old: dict, new: dict) -> list[str]:
     since a ratio also moves with them (2 threads on a busy 2-core box slow the fused kernels most)."""
     fields = {
         "threads": lambda m: m.get("threads"),
+        "clock": lambda m: m.get("clock"),
+        "heap_pages_kept": lambda m: m.get("heap_pages_kept"),
         "device": lambda m: (m.get("device") or {}).get("name"),
         "torch": lambda m: (m.get("versions") or {}).get("torch"),
     }
