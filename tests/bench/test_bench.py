@@ -461,16 +461,36 @@ def test_gate_main_on_fabricated_timings(gate_module, tmp_path, monkeypatch):
     assert gate_module.main(argv, measure_fn=na, out=printed.append) == 1
     monkeypatch.setenv("YOLOFAST_GATE_ALLOW_MISSING", "1")
     assert gate_module.main(argv, measure_fn=na, out=printed.append) == 0
-    # --write-floors sets this ISA's floors at 85 % of the lowest run and keeps the other ISA's
+    # --write-floors sets this ISA's floors at sqrt(lowest x median / 1.3) and keeps the other ISA's
     runs = iter([36.0, 40.0, 44.0])
     vary = lambda keys, **kw: _measured({k: next(runs) if "tal" in k else 1.0 for k in keys})  # noqa: E731
     assert gate_module.main(argv + ["--write-floors", "--repeat", "3"], measure_fn=vary,
                             out=printed.append) == 0
     written = json.loads(floors.read_text())["isa"]
     assert written["avx2"]["floors"]["loss-b8-640-50gt/tal_assign"] == {
-        "floor": 30.6, "measured": 40.0, "runs": [36.0, 40.0, 44.0]}  # 0.85 x 36
+        "floor": 33.28, "measured": 40.0, "runs": [36.0, 40.0, 44.0]}  # sqrt(36 x 40 / 1.3)
     assert written["avx2"]["arch"] == "x86-64-v3" and "YOLOFAST_CPU_ARCH=x86-64-v3" in written["avx2"]["how"]
     assert written["avx512"]["floors"]["loss-b8-640-50gt/tal_assign"] == {"floor": 35.0}
+    # --more-runs adds a run to the kept ones (a 3-run measurement split into short calls)
+    runs = iter([38.0])
+    assert gate_module.main(argv + ["--write-floors", "--repeat", "1", "--more-runs"], measure_fn=vary,
+                            out=printed.append) == 0
+    tal = json.loads(floors.read_text())["isa"]["avx2"]["floors"]["loss-b8-640-50gt/tal_assign"]
+    assert tal == {"floor": 32.86, "measured": 39.0, "runs": [36.0, 40.0, 44.0, 38.0]}  # sqrt(36 x 39 / 1.3)
+    # runs spread wider than 1.3x: the floor is written, with a warning that it cannot catch 1.3x
+    runs = iter([29.0, 40.0, 44.0])
+    assert gate_module.main(argv + ["--write-floors", "--repeat", "3"], measure_fn=vary,
+                            out=printed.append) == 0
+    tal = json.loads(floors.read_text())["isa"]["avx2"]["floors"]["loss-b8-640-50gt/tal_assign"]
+    assert "cannot tell a 1.3x slower kernel" in tal["note"]
+    assert any(p.startswith("warning: loss-b8-640-50gt/tal_assign") for p in printed)
+
+
+def test_a_floor_sits_between_the_healthy_runs_and_a_1_3x_slower_one(gate_module):
+    runs = [40.0, 43.0, 46.0]
+    floor = gate_module.floor_from_runs(runs)
+    assert min(runs) > floor > 43.0 / 1.3 and gate_module.separates(runs)
+    assert not gate_module.separates([30.0, 43.0, 46.0])  # 30 < 43 / 1.3: no floor tells them apart
 
 
 def test_gate_remeasures_and_fails_only_twice_under_the_floor(gate_module, tmp_path, monkeypatch):
