@@ -160,7 +160,8 @@ def _write_floors(a, data: dict, keys: list[str], backend: str, rounds: int, mea
         "how": f"floor = sqrt(lowest x median / {catch:g}) of the speed-ups of "
                f"{len(next(iter(runs.values())))} runs of "
                f"`{'YOLOFAST_CPU_ARCH=' + build_arch() + ' ' if build_arch() != 'native' else ''}"
-               f"python benchmarks/gate.py --write-floors --repeat {a.repeat}` ({rounds} rounds, 1 thread)"}
+               f"python benchmarks/gate.py --write-floors` (--repeat, --more-runs; {rounds} rounds, "
+               "1 thread)"}
     data.pop("margin", None)
     data["rounds"], data["catch"] = rounds, catch
     Path(a.floors).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")

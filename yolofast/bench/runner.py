@@ -127,9 +127,9 @@ def keep_heap_pages() -> bool:
 
     Why: the reference ops allocate tens of MB of temporaries per call; by default glibc returns big
     blocks to the kernel and every call faults them back in. On the 2-core AMD EPYC (Zen 4) VM those page
-    faults were 30-60 % of the tal_assign reference's CPU time (sys 180-470 ms next to 300-440 ms of
+    faults were 30-50 % of the tal_assign reference's CPU time (sys 180-470 ms next to 300-440 ms of
     user time, 80k-135k faults per call) and varied 2x with the machine's memory state: two runs of one
-    commit moved its fused/ref ratio by up to 2x. Kept pages: 0 faults after the warm-up and 320-350 ms.
+    commit moved its fused/ref ratio by up to 1.8x. Kept pages: 0 faults after the warm-up and 320-350 ms.
     A long-running trainer under tcmalloc/jemalloc behaves the same way, and it is the op's work, not the
     kernel's page zeroing, that a benchmark should compare. Both variants get the same allocator. Not
     glibc (or not Linux): nothing changes, and False."""
