@@ -15,7 +15,8 @@ made 1.3x slower (``floor_from_runs``), so a 1.3x slower kernel fails and a heal
 not absolute times, on the CPU-time clock (yolofast/bench/clock.py). The table and the CPU line are
 printed whatever the outcome. A fused backend that is unavailable (no compiler, failed build) fails the
 gate: the CPU kernels are required; ``YOLOFAST_GATE_ALLOW_MISSING=1`` turns that into a skip. Takes
-~2-4 minutes on 2 cores (the smaller presets where the big ones would take minutes: see floors.json).
+~1 minute a measurement on the 2-core AMD EPYC (31-45 s, plus a re-measurement of any op under its floor;
+the smaller presets where the big ones would take minutes: see floors.json).
 """
 
 from __future__ import annotations
