@@ -18,7 +18,7 @@ import torch
 from yolofast.bench import bench_main
 from yolofast.bench.cases import Case, Variant, build_cases
 from yolofast.bench.cli import parse_bench_args
-from yolofast.bench.compare import compare, compare_files, load_results
+from yolofast.bench.compare import compare, compare_files, decide_files, load_results
 from yolofast.bench.floors import check_floors
 from yolofast.bench.inputs import ema_inputs, loss_inputs, step_inputs
 from yolofast.bench.presets import PRESETS, get_preset, presets_for
@@ -144,6 +144,35 @@ def test_runner_rows_with_ratios_on_a_tiny_preset():
     else:
         assert cpp.status == "n/a" and cpp.note
     assert "tal_assign" in format_table(rows)
+
+
+def test_rounds_alternate_blocks_and_keep_each_variants_fastest(monkeypatch):
+    """Fake clock: each call advances it by a scripted time; a 'burst' makes one block 5x slower."""
+    from yolofast.bench import clock as bench_clock
+
+    t = [0.0]
+    monkeypatch.setattr(bench_clock, "now", lambda kind: lambda: t[0])
+    order = []
+    script = {  # warm-up, then 3 blocks of 1 call per round, 2 rounds
+        "ref": iter([1.0, 1.0, 5.0, 1.2, 1.1, 1.0, 4.0]),
+        "cpp": iter([1.0, 0.5, 0.5, 3.0, 2.5, 0.6, 0.55]),  # warm-up 1 s: 3 calls a round too
+    }
+
+    def call(name):
+        def fn():
+            order.append(name)
+            t[0] += next(script[name])
+        return fn
+
+    case = Case(get_preset("tiny-loss"), "tal_assign", "cpu", [Variant("ref", call("ref")),
+                                                               Variant("cpp", call("cpp"))])
+    rows = {r.backend: r for r in time_case(case, rounds=2, min_round_s=3.0, chunks=3)}
+    assert rows["ref"].calls_per_round == 3 and rows["cpp"].calls_per_round == 3
+    # after the warm-ups: ABBAAB, then the next round starts with the other variant: BAABBA
+    assert order[2:] == ["ref", "cpp", "cpp", "ref", "ref", "cpp", "cpp", "ref", "ref", "cpp", "cpp", "ref"]
+    assert rows["ref"].times_ms == pytest.approx([1000.0, 1000.0])  # the bursts (5 s, 4 s) are dropped
+    assert rows["cpp"].times_ms == pytest.approx([500.0, 550.0])
+    assert rows["cpp"].ratios == pytest.approx([0.5, 0.55]) and rows["cpp"].clock == "cpu"
 
 
 def test_unavailable_and_failing_backends_become_rows():
@@ -312,12 +341,30 @@ def test_compare_remeasures_a_suspect_once(tmp_path):
     printed = []
     assert compare_files(old, new, 0.1, out=printed.append, remeasure=healthy_again) == 0
     assert asked == [[("p", "op", "cpp")]]  # only the suspect, once
-    assert "re-measuring p/op/cpp once" in printed and "re-measured (first: REGRESSION +30.0%)" in printed[-1]
+    assert "re-measuring p/op/cpp once" in printed
+    assert "first run and re-measurement pooled (first: REGRESSION +30.0%)" in printed[-1]
 
     def slow_again(new_res, suspects):
         return [_row("p", "op", "ref", 100, 100, rounds=9), _row("p", "op", "cpp", 12.8, 100, rounds=9)]
 
     assert compare_files(old, new, 0.1, out=lambda *_: None, remeasure=slow_again) == 1
+
+
+def test_remeasure_pools_the_rounds_of_both_runs(tmp_path):
+    """A slowdown seen at +28 %, then at +21 % in a noisier re-measurement: alone, the re-measurement's
+    interval reaches under 10 % (inconclusive); pooled with the first run's rounds it is a regression."""
+    old = _run(tmp_path / "old.json", [_row("p", "op", "ref", 100, 100, rounds=15),
+                                       _row("p", "op", "cpp", 10, 100, rounds=15, spread=0.05)])
+    new = _run(tmp_path / "new.json", [_row("p", "op", "ref", 100, 100, rounds=15),
+                                       _row("p", "op", "cpp", 12.8, 100, rounds=15, spread=0.15)])
+    again = [_row("p", "op", "ref", 100, 100, rounds=15), _row("p", "op", "cpp", 12.1, 100, rounds=15,
+                                                                  spread=0.3)]
+    alone = _run(tmp_path / "again.json", again)
+    [_, c] = compare(load_results(old), load_results(alone), 0.1)
+    assert c.verdict == "inconclusive" and c.low < 0.1 < c.change
+    [_, c] = decide_files(old, new, 0.1, out=lambda *_: None, remeasure=lambda n, s: again)
+    assert c.verdict == "REGRESSION" and "pooled" in c.note
+    assert len(load_results(new)["rows"][1]["ratios"]) == 15  # the file itself is not changed
 
 
 def test_compare_lost_backend_and_reference_drift(tmp_path):
@@ -432,16 +479,36 @@ def test_gate_main_on_fabricated_timings(gate_module, tmp_path, monkeypatch):
     assert gate_module.main(argv, measure_fn=na, out=printed.append) == 1
     monkeypatch.setenv("YOLOFAST_GATE_ALLOW_MISSING", "1")
     assert gate_module.main(argv, measure_fn=na, out=printed.append) == 0
-    # --write-floors sets this ISA's floors at 85 % of the lowest run and keeps the other ISA's
+    # --write-floors sets this ISA's floors at sqrt(lowest x median / 1.3) and keeps the other ISA's
     runs = iter([36.0, 40.0, 44.0])
     vary = lambda keys, **kw: _measured({k: next(runs) if "tal" in k else 1.0 for k in keys})  # noqa: E731
     assert gate_module.main(argv + ["--write-floors", "--repeat", "3"], measure_fn=vary,
                             out=printed.append) == 0
     written = json.loads(floors.read_text())["isa"]
     assert written["avx2"]["floors"]["loss-b8-640-50gt/tal_assign"] == {
-        "floor": 30.6, "measured": 40.0, "runs": [36.0, 40.0, 44.0]}  # 0.85 x 36
+        "floor": 33.28, "measured": 40.0, "runs": [36.0, 40.0, 44.0]}  # sqrt(36 x 40 / 1.3)
     assert written["avx2"]["arch"] == "x86-64-v3" and "YOLOFAST_CPU_ARCH=x86-64-v3" in written["avx2"]["how"]
     assert written["avx512"]["floors"]["loss-b8-640-50gt/tal_assign"] == {"floor": 35.0}
+    # --more-runs adds a run to the kept ones (a 3-run measurement split into short calls)
+    runs = iter([38.0])
+    assert gate_module.main(argv + ["--write-floors", "--repeat", "1", "--more-runs"], measure_fn=vary,
+                            out=printed.append) == 0
+    tal = json.loads(floors.read_text())["isa"]["avx2"]["floors"]["loss-b8-640-50gt/tal_assign"]
+    assert tal == {"floor": 32.86, "measured": 39.0, "runs": [36.0, 40.0, 44.0, 38.0]}  # sqrt(36 x 39 / 1.3)
+    # runs spread wider than 1.3x: the floor is written, with a warning that it cannot catch 1.3x
+    runs = iter([29.0, 40.0, 44.0])
+    assert gate_module.main(argv + ["--write-floors", "--repeat", "3"], measure_fn=vary,
+                            out=printed.append) == 0
+    tal = json.loads(floors.read_text())["isa"]["avx2"]["floors"]["loss-b8-640-50gt/tal_assign"]
+    assert "cannot tell a 1.3x slower kernel" in tal["note"]
+    assert any(p.startswith("warning: loss-b8-640-50gt/tal_assign") for p in printed)
+
+
+def test_a_floor_sits_between_the_healthy_runs_and_a_1_3x_slower_one(gate_module):
+    runs = [40.0, 43.0, 46.0]
+    floor = gate_module.floor_from_runs(runs)
+    assert min(runs) > floor > 43.0 / 1.3 and gate_module.separates(runs)
+    assert not gate_module.separates([30.0, 43.0, 46.0])  # 30 < 43 / 1.3: no floor tells them apart
 
 
 def test_gate_remeasures_and_fails_only_twice_under_the_floor(gate_module, tmp_path, monkeypatch):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from yolofast.bench import floors as fl
 from yolofast.bench import stats
@@ -86,48 +87,74 @@ def test_slowdown_switch_parses_and_refuses_bad_values(monkeypatch):
     assert slowdowns() == {"ema_update": 1.3}
 
 
-@pytest.mark.parametrize("factor", [1.0, 1.3, 1.5, 2.0, 2.25])
-def test_slowed_calls_average_the_factor(factor):
-    count = [0]
+class _FakeClock:
+    """A clock that a call advances by ``call_s`` and every reading by ``tick_s`` (a busy-wait's step)."""
 
-    def fn():
-        count[0] += 1
+    def __init__(self, tick_s=1e-5):
+        self.t, self.tick_s = 0.0, tick_s
+
+    def __call__(self):
+        self.t += self.tick_s
+        return self.t
+
+
+@pytest.mark.parametrize("factor", [1.0, 1.3, 1.5, 2.0, 2.25])
+def test_slowed_costs_the_factor_on_every_call(monkeypatch, factor):
+    from yolofast.bench import clock as bench_clock
+
+    fake = _FakeClock()
+    monkeypatch.setattr(bench_clock, "now", lambda kind: fake)
+    calls = [0]
+
+    def fn():  # one call: 10 ms on the clock, a different length each time would not matter
+        calls[0] += 1
+        fake.t += 0.010
 
     f = slowed(fn, factor)
-    per_call = []
-    for _ in range(100):
-        before = count[0]
+    for _ in range(20):
+        t0 = fake.t
         f()
-        per_call.append(count[0] - before)
-    assert sum(per_call) == round(100 * factor)
-    assert set(per_call) <= {int(factor), int(factor) + 1}
-    for i in range(0, 100, 10):  # any 10 calls in a row: within one call of 10 x factor
-        assert abs(sum(per_call[i:i + 10]) - 10 * factor) <= 1
+        # every call, not on average: within one clock step (and its own reading) of factor x 10 ms
+        assert fake.t - t0 == pytest.approx(factor * 0.010, abs=3e-4)
+    assert calls[0] == 20  # the call itself runs once: the rest is waiting on the clock
 
 
-def test_the_switch_multiplies_the_fused_calls_of_one_op_only(monkeypatch):
-    from yolofast.ops import _library
+def test_slowed_waits_on_the_clock_the_runner_times_with(monkeypatch):
+    import time
+
+    from yolofast.bench import clock as bench_clock
+
+    seen = []
+    real = bench_clock.now
+    monkeypatch.setattr(bench_clock, "now", lambda kind: seen.append(kind) or real(kind))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    slowed(lambda: None, 1.3)()
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    slowed(lambda: None, 1.3)()
+    assert seen == ["cpu", "wall"]
+    assert bench_clock.now("cpu") is time.process_time and bench_clock.now("wall") is time.perf_counter
+
+
+def test_the_switch_slows_the_fused_calls_of_one_op_only(monkeypatch):
+    from yolofast.bench import clock as bench_clock
 
     monkeypatch.setenv("YOLOFAST_BENCH_SLOWDOWN", "bbox_loss:1.5")
-    counts = {"ref": 0, "fused": 0}
-    real = _library.bbox_loss
-
-    def counting(*a, **k):
-        counts["fused"] += 1
-        return real(*a, **k)
-
     cases = {c.op: c for c in build_cases("tiny-loss", ops=("tal_assign", "bbox_loss"))}
     cpp = cases["bbox_loss"].variant("cpp")
     if not cpp.available:
         pytest.skip(f"C++ extension unavailable: {cpp.reason}")
     assert "slowed 1.5x" in cpp.reason and cases["bbox_loss"].variant("ref").reason == ""
     assert "slowed" not in cases["tal_assign"].variant("cpp").reason
-    monkeypatch.setattr(_library, "bbox_loss", counting)
-    for _ in range(10):
-        cpp.fn()
-    assert counts["fused"] == 15
+    fake = _FakeClock(tick_s=1e-3)
+    monkeypatch.setattr(bench_clock, "now", lambda kind: fake)
+    t0 = fake.t
+    cpp.fn()  # the real call takes no fake time: only the clock's own readings move it
+    slowed_s = fake.t - t0
+    t0 = fake.t
     cases["bbox_loss"].variant("ref").fn()
-    assert counts["fused"] == 15  # the reference never runs the fused op (nor is it slowed)
+    cases["tal_assign"].variant("cpp").fn()
+    assert fake.t == t0  # the reference and the other op never read the clock: they are not slowed
+    assert slowed_s == pytest.approx(3e-3, abs=1.5e-3)  # 1 ms call reading -> waits until 1.5 ms, 1 ms steps
 
 
 # ------------------------------------------------------------------------------------------ floors

@@ -92,9 +92,9 @@ _SLOWABLE = (*_NEEDS, "train_step")
 def slowdowns(value: str | None = None) -> dict[str, float]:
     """``YOLOFAST_BENCH_SLOWDOWN=op:factor[,op:factor]`` (test only) -> {op: factor}.
 
-    It exists to test the regression check itself: the fused (non-reference) variants of benchmark op
-    ``op`` run their call ``factor`` times per call, so a known slowdown can be planted and its verdict
-    measured (benchmarks/false_alarm_study.py). The reference is never slowed."""
+    It exists to test the regression check itself: every call of the fused (non-reference) variants of
+    benchmark op ``op`` takes ``factor`` times as long (``slowed``), so a known slowdown can be planted
+    and its verdict measured (benchmarks/false_alarm_study.py). The reference is never slowed."""
     value = os.environ.get(SLOWDOWN_ENV, "") if value is None else value
     out = {}
     for part in filter(None, (x.strip() for x in value.split(","))):
@@ -110,25 +110,39 @@ def slowdowns(value: str | None = None) -> dict[str, float]:
     return out
 
 
-def slowed(fn: Callable[[], object], factor: float) -> Callable[[], object]:
-    """``fn`` run ``factor`` times per call on average: floor(factor) times, plus one more on the calls
-    where the running sum of the fraction crosses an integer (1.3: 1, 1, 2, 1, 1, 2, 1, 2, ... -> 13
-    calls in every 10), so every window of calls, however short, is within one call of ``factor`` x."""
+def slowed(fn: Callable[[], object], factor: float, device: str = "cpu") -> Callable[[], object]:
+    """``fn`` made ``factor`` times as slow on every call: it runs once, then busy-waits
+    ``(factor - 1)`` x the time it took, on the clock the runner times it with (``clock.py``: CPU time at
+    1 CPU thread, else wall time; CUDA: synchronized wall time).
+
+    Why a busy-wait and not repeated calls: a real 1.3x regression costs 1.3x on every call. Running the
+    call twice on 3 of every 10 calls gives the same mean but a 1x/2x mixture, so a block of a few calls -
+    what a round times - is anywhere between 1x and 2x, and a burst-robust estimator (the fastest block
+    of a round) mostly sees the 1x blocks: it under-states the slowdown and adds spread the real thing
+    does not have. The wait scales with the call's own time, so the slowed variant feels the machine's
+    load as the real one would, and on the CPU clock it burns CPU time (a sleep would not count)."""
     if factor == 1.0:
         return fn
-    whole, frac = int(factor), factor - int(factor)
-    state = {"owed": 0.0}
+    import torch
+
+    from yolofast.bench import clock as bench_clock
+
+    cuda = str(device).startswith("cuda")
 
     def run():
-        state["owed"] += frac
-        extra = int(state["owed"] >= 1.0 - 1e-9)
-        state["owed"] -= extra
-        out = None
-        for _ in range(whole + extra):
-            out = fn()
+        clock = bench_clock.now(bench_clock.clock_name(device, torch.get_num_threads()))
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = clock()
+        out = fn()
+        if cuda:
+            torch.cuda.synchronize()
+        until = t0 + factor * (clock() - t0)
+        while clock() < until:
+            pass
         return out
 
-    run.calls_per_call = factor  # what tests and the study read back
+    run.factor = factor  # what tests read back
     return run
 
 
@@ -139,7 +153,7 @@ def _backend_variants(op: str, device: str, make_fn, backends) -> list[Variant]:
         ok, why = op_availability(op, name, torch.device(device).type)
         fn = _under(name, make_fn()) if ok else None
         if fn is not None and name != "ref" and factor != 1.0:
-            fn = slowed(fn, factor)
+            fn = slowed(fn, factor, device)
             why = f"slowed {factor:g}x by {SLOWDOWN_ENV}"
         out.append(Variant(name, fn, why))
     return out
@@ -272,7 +286,7 @@ def _step_case(p: Preset, device: str, seed: int) -> Case:
     auto = ", ".join(f"{op}={b}" for op, b, _ in describe(torch.device(device).type))
     factor = slowdowns().get("train_step", 1.0)
     variants = [Variant("ref", _under("ref", make_step())),
-                Variant("auto", slowed(_under("auto", make_step()), factor), auto)]
+                Variant("auto", slowed(_under("auto", make_step()), factor, device), auto)]
     return Case(p, "train_step", device, variants, items_per_call=p.batch, split=split,
                 what=f"{p.model} train step (forward, loss, backward, SGD, EMA), B={p.batch}, {p.imgsz} px")
 

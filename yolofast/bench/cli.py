@@ -51,7 +51,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--rounds", type=int, default=15, help="interleaved timing rounds (median over them)")
     ap.add_argument("--warmup", type=int, default=1, help="warm-up calls per backend")
     ap.add_argument("--min-round-seconds", type=float, default=0.05,
-                    help="a round calls each variant back to back for at least this long (default 0.05)")
+                    help="a round gives each variant at least this much time (CPU time at 1 thread), in up "
+                         "to 3 blocks alternating with the other variants' (default 0.05)")
     ap.add_argument("--max-case-seconds", type=float, default=60.0,
                     help="cap the rounds of a slow case at about this long (>= 3 rounds); 0: no cap")
     ap.add_argument("--seed", type=int, default=0, help="seed of the generated inputs")
@@ -68,7 +69,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="--compare: confidence of the bootstrap interval (default 0.95, seeded)")
     ap.add_argument("--remeasure", action="store_true",
                     help="--compare: measure a suspect (regression or inconclusive) case once more with "
-                         "the code installed now, at the NEW file's threads/rounds/seed, and decide on that")
+                         "the code installed now, at the NEW file's threads/rounds/seed, and decide on the "
+                         "rounds of both measurements together")
     ap.add_argument("--quiet", action="store_true", help="no progress line")
     return ap
 
@@ -189,7 +191,11 @@ def run_bench(args: argparse.Namespace, out=print) -> dict:
                 splits[f"{p.name}/{c.op}"] = {"steps": n_split, "seconds": c.split(n_split)}
         del cases
     progress.done()
+    from yolofast.bench.clock import clock_name
+    from yolofast.bench.runner import keep_heap_pages
+
     meta.update(what=args.what, rounds=args.rounds, seed=args.seed, min_round_s=args.min_round_seconds,
+                clock=clock_name(device, threads), heap_pages_kept=keep_heap_pages(),
                 presets=[p.name for p in presets],
                 seconds=round(time.perf_counter() - t0, 1))
     result = {**meta, "rows": [r.to_dict() for r in rows], "splits": splits}

@@ -1,10 +1,11 @@
 """Timing and peak memory of benchmark cases: warm-up, interleaved rounds, medians, ratios to the reference.
 
 Why interleaved: on a shared 2-core machine two identical runs differ by up to 50 % in absolute time, but
-the reference and the fused kernel timed alternately, round after round, see the same slow and fast
-periods, so their ratio is stable. Each round times every variant once (the order rotates per round so
-none is always first after a cache-cold switch); a variant's time is the median over rounds and its
-speed-up the median over rounds of (reference time / its time) in the same round.
+the reference and the fused kernel timed alternately see the same slow and fast periods, so their ratio
+is steadier. Each round times every variant in up to three alternating blocks (``time_case``; the order
+rotates per round so none is always first after a cache-cold switch) and keeps each variant's fastest
+block; a variant's time is the median over rounds and its speed-up the median over rounds of (reference
+time / its time) in the same round. At 1 CPU thread the clock is the process's CPU time (``clock.py``).
 
 Peak memory of one call:
 - CUDA: ``torch.cuda.max_memory_allocated`` over the call minus what was allocated before it.
@@ -33,7 +34,7 @@ import torch
 
 from yolofast.bench.cases import Case, build_cases
 
-__all__ = ["Row", "format_table", "measure_peaks", "run_cases", "time_case"]
+__all__ = ["Row", "format_table", "keep_heap_pages", "measure_peaks", "run_cases", "time_case"]
 
 
 @dataclasses.dataclass
@@ -49,7 +50,8 @@ class Row:
     baseline: bool = False
     median_ms: float | None = None
     min_ms: float | None = None
-    times_ms: list = dataclasses.field(default_factory=list)  # per round, per call
+    times_ms: list = dataclasses.field(default_factory=list)  # per round: its fastest block, per call
+    clock: str = ""  # "cpu" (process CPU time, 1 thread) or "wall": see clock.py
     calls_per_round: int = 0
     speedup: float | None = None  # median over rounds of ref time / this time in the same round
     ratio_vs_ref: float | None = None  # 1 / speedup: fused/ref time (< 1 is faster)
@@ -99,8 +101,9 @@ class Progress:
             self.stream.flush()
 
 
-def _time_calls(fn, n: int, device: str) -> float:
-    """Seconds per call over ``n`` back-to-back calls (CUDA: device events around the whole batch)."""
+def _time_calls(fn, n: int, device: str, clock=time.perf_counter) -> float:
+    """Seconds per call over ``n`` back-to-back calls (CUDA: device events around the whole batch; CPU:
+    ``clock``, the process's CPU time at 1 thread, see clock.py)."""
     if device.startswith("cuda"):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize()
@@ -110,25 +113,63 @@ def _time_calls(fn, n: int, device: str) -> float:
         end.record()
         end.synchronize()
         return start.elapsed_time(end) / 1e3 / n
-    t0 = time.perf_counter()
+    t0 = clock()
     for _ in range(n):
         fn()
-    return (time.perf_counter() - t0) / n
+    return (clock() - t0) / n
+
+
+_HEAP_KEPT: bool | None = None
+
+
+def keep_heap_pages() -> bool:
+    """Make glibc's malloc keep freed memory in the process (mmap threshold 1 GiB, no trimming), once.
+
+    Why: the reference ops allocate tens of MB of temporaries per call; by default glibc returns big
+    blocks to the kernel and every call faults them back in. On the 2-core AMD EPYC (Zen 4) VM those page
+    faults were 30-50 % of the tal_assign reference's CPU time (sys 180-470 ms next to 300-440 ms of
+    user time, 80k-135k faults per call) and varied 2x with the machine's memory state: two runs of one
+    commit moved its fused/ref ratio by up to 1.8x. Kept pages: 0 faults after the warm-up and 320-350 ms.
+    A long-running trainer under tcmalloc/jemalloc behaves the same way, and it is the op's work, not the
+    kernel's page zeroing, that a benchmark should compare. Both variants get the same allocator. Not
+    glibc (or not Linux): nothing changes, and False."""
+    global _HEAP_KEPT
+    if _HEAP_KEPT is None:
+        _HEAP_KEPT = False
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL("libc.so.6")
+            m_trim_threshold, m_mmap_threshold = -1, -3  # glibc's mallopt parameter numbers
+            _HEAP_KEPT = bool(libc.mallopt(m_mmap_threshold, 1 << 30)) and bool(
+                libc.mallopt(m_trim_threshold, (1 << 31) - 1))
+    return _HEAP_KEPT
+
+
+CHUNKS = 3  # blocks per variant and round, alternated between the variants (ref, fused, ref, fused, ...)
 
 
 def time_case(case: Case, rounds: int = 7, warmup: int = 1, min_round_s: float = 0.05,
-              max_case_s: float | None = None, progress: Progress | None = None) -> list[Row]:
+              max_case_s: float | None = None, progress: Progress | None = None,
+              chunks: int = CHUNKS) -> list[Row]:
     """Rows of one case: every available variant warmed up, then ``rounds`` interleaved rounds.
 
-    A round calls a variant ``calls_per_round`` times back to back, chosen from the warm-up so a round
-    lasts >= ``min_round_s`` (at 0.05 s a 1 ms op is timed over 50 calls, a 1 s op once).
+    A round gives a variant ``calls_per_round`` calls, chosen from the warm-up so they last >=
+    ``min_round_s`` (at 0.05 s a 1 ms op is timed over 50 calls, a 1 s op once), in up to ``chunks``
+    blocks that alternate with the other variants' blocks (ref, fused, ref, fused, ... in an order that
+    rotates per round); the variant's time in the round is its fastest block's time per call. Why: a
+    neighbour's burst slows one block, not the round, and the fastest of three blocks timed within ~0.1 s
+    of the other variant's is the closest pair the machine allows (a 1 s reference call is one block).
     ``max_case_s`` caps the rounds of a slow case (the 3000-GT reference takes seconds per call) at about
     that many seconds, but never under 3 rounds. Ratios are taken against the case's "ref" variant. A
-    variant that raises is reported as an "error" row.
+    variant that raises is reported as an "error" row. The clock: ``clock.py``.
     """
+    from yolofast.bench.clock import clock_name, now
+
+    if not case.device.startswith("cuda"):
+        keep_heap_pages()
+    clock = now(clock_name(case.device, torch.get_num_threads()))
     rows = {v.name: Row(case.preset.name, case.op, v.name, case.device, note=v.reason, baseline=v.baseline)
             for v in case.variants}
-    live, round_s = [], 0.0
+    live, round_s, blocks = [], 0.0, {}
     for v in case.variants:
         if not v.available:
             rows[v.name].status, rows[v.name].note = "n/a", v.reason or "unavailable"
@@ -138,12 +179,14 @@ def time_case(case: Case, rounds: int = 7, warmup: int = 1, min_round_s: float =
                 progress.update(f"warm-up {v.name}")
             t_warm = math.inf
             for _ in range(max(warmup, 1)):
-                t_warm = min(t_warm, _time_calls(v.fn, 1, case.device))
+                t_warm = min(t_warm, _time_calls(v.fn, 1, case.device, clock))
         except Exception as e:  # a kernel bug must show in the table, not end the benchmark
             rows[v.name].status, rows[v.name].note = "error", f"{type(e).__name__}: {e}"[:300]
             continue
         n = int(min(max(math.ceil(min_round_s / max(t_warm, 1e-7)), 1), 1000))
-        rows[v.name].calls_per_round = n
+        k = max(1, min(chunks, n))
+        blocks[v.name] = (k, math.ceil(n / k))  # (blocks per round, calls per block)
+        rows[v.name].calls_per_round = k * blocks[v.name][1]
         round_s += n * t_warm
         live.append(v)
 
@@ -151,17 +194,24 @@ def time_case(case: Case, rounds: int = 7, warmup: int = 1, min_round_s: float =
         rounds = max(min(rounds, 3), min(rounds, int(max_case_s / round_s)))
     for r in range(rounds):
         k = r % len(live) if live else 0
-        for v in live[k:] + live[:k]:
-            if rows[v.name].status != "ok":
-                continue
-            if progress:
-                progress.update(f"round {r + 1}/{rounds} {v.name}")
-            try:
-                dt = _time_calls(v.fn, rows[v.name].calls_per_round, case.device)
-                rows[v.name].times_ms.append(dt * 1e3)
-            except Exception as e:
-                rows[v.name].status, rows[v.name].note = "error", f"{type(e).__name__}: {e}"[:300]
+        order = live[k:] + live[:k]
+        best: dict[str, float] = {}
+        for j in range(max((blocks[v.name][0] for v in live), default=0)):
+            for v in order if j % 2 == 0 else order[::-1]:  # ABBA: neither side always first
+                if rows[v.name].status != "ok" or j >= blocks[v.name][0]:
+                    continue
+                if progress:
+                    progress.update(f"round {r + 1}/{rounds} {v.name}")
+                try:
+                    dt = _time_calls(v.fn, blocks[v.name][1], case.device, clock)
+                    best[v.name] = min(best.get(v.name, math.inf), dt)
+                except Exception as e:
+                    rows[v.name].status, rows[v.name].note = "error", f"{type(e).__name__}: {e}"[:300]
+        for name, dt in best.items():
+            if rows[name].status == "ok":
+                rows[name].times_ms.append(dt * 1e3)
     for row in rows.values():
+        row.clock = clock_name(case.device, torch.get_num_threads())
         if row.status == "ok" and row.times_ms:
             row.median_ms = statistics.median(row.times_ms)
             row.min_ms = min(row.times_ms)
