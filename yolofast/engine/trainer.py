@@ -49,7 +49,7 @@ from tqdm import tqdm
 
 from yolofast.cfg import DEFAULTS, CfgError, get_cfg
 from yolofast.engine import checkpoint as ckpt_io
-from yolofast.engine import cudagraph, elastic, optim
+from yolofast.engine import cudagraph, distill, elastic, optim
 from yolofast.engine.autobatch import (
     MEMORY_COLUMNS,
     autobatch,
@@ -229,6 +229,7 @@ class Trainer:
         self.fitness = None
         self.metrics: dict = {}
         self.tloss = None
+        self.loss_names = ["box_loss", "cls_loss", "dfl_loss"]  # the loss items; + "dis_loss" with a teacher
         self.stop = False
         self.train_time = 0.0  # seconds, carried across resumes for results.csv's `time`
 
@@ -438,8 +439,13 @@ class Trainer:
                 warnings.warn("sync_bn=True needs DDP on CUDA (torchrun with nccl); BatchNorm statistics "
                               "stay per process", stacklevel=2)
         self.criterion = self.get_loss(self.model)
+        # With distill_model: the student + projectors + frozen teacher, and the loss with dis_loss added
+        # (engine/distill.py); otherwise the model and criterion themselves.
+        self.step_model, step_loss, extra = distill.train_step(
+            self.model, self.criterion, a, self.data["names"], self.device, self.channels_last)
+        self.loss_names = self.loss_names[:3] + extra
         # DDP wrap, loss x world size, torch.compile (model + whole loss): yolofast/engine/compile.py
-        self.train_model, self.train_loss = train_step_modules(self.model, self.criterion, self.device,
+        self.train_model, self.train_loss = train_step_modules(self.step_model, step_loss, self.device,
                                                                a.compile, self.world_size)
 
         auto, fraction = resolve_batch(a.batch)
@@ -477,7 +483,7 @@ class Trainer:
             # and an SGD cannot load an AdamW state.
             name, lr, momentum = self._resume_state["optimizer_auto"]
         self.optimizer, name, lr, momentum = optim.build_optimizer(
-            self.model, name, lr, momentum, decay, iterations, nc=self.data["nc"],
+            self.step_model, name, lr, momentum, decay, iterations, nc=self.data["nc"],
             extra=optimizer_kwargs if graph_why == [] else None)
         self.optimizer_auto = (name, lr, momentum) if a.optimizer == "auto" else None
         if a.optimizer == "auto":
@@ -497,7 +503,7 @@ class Trainer:
             warnings.warn(f"cuda_graph=True but {'; '.join(graph_why)}: using the eager step", stacklevel=2)
         elif graph_why == []:
             bucket = autobatch_gt(self.train_loader.dataset, a.mosaic)  # GT rows of the captured batch
-            self.graph = GraphedTrainStep(self.model, self.train_loss, self.optimizer, self.ema,
+            self.graph = GraphedTrainStep(self.step_model, self.train_loss, self.optimizer, self.ema,
                                           self.amp_dtype, gt_bucket=bucket, batch_size=self.batch_size)
 
         if self.resume_ckpt is not None:
@@ -541,6 +547,7 @@ class Trainer:
         """Everything a resumed run needs to continue exactly as if it had never stopped."""
         self.start_epoch = ckpt["epoch"] + 1
         unwrap_model(self.model).load_state_dict(ckpt["model"].state_dict())
+        distill.restore_state(self.step_model, ckpt, self.resume_ckpt)
         self.ema.load_state_dict({"ema": ckpt["ema"].state_dict(), "updates": ckpt["updates"]})
         self.optimizer.load_state_dict(ckpt["optimizer"])
         self.scaler.load_state_dict(ckpt["scaler"])
@@ -721,7 +728,7 @@ class Trainer:
         """unscale -> clip_grad_norm_(10.0) -> step -> scaler update -> zero_grad -> EMA update."""
         self.scaler.unscale_(self.optimizer)
         # 10.0 bounds the rare huge gradients of early iterations (loss is × batch); normal ones pass.
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=10.0)
+        torch.nn.utils.clip_grad_norm_(self.step_model.parameters(), max_norm=10.0)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.run_callbacks("optimizer_step")
@@ -790,23 +797,23 @@ class Trainer:
         if not (self.args.verbose and is_main_process()):
             return tqdm(it, total=self.nb, disable=True)
         mem = "GPU_mem" if self.device.type == "cuda" else "CPU_mem"
-        tqdm.write(("\n" + "%11s" * 8) % ("Epoch", mem, "box_loss", "cls_loss", "dfl_loss", "Instances",
-                                          "Size", "lr"))
+        cols = ("Epoch", mem, *self.loss_names, "Instances", "Size", "lr")
+        tqdm.write(("\n" + "%11s" * len(cols)) % cols)
         return tqdm(it, total=self.nb, bar_format="{l_bar}{bar:10}{r_bar}")
 
     def _progress_line(self, epoch: int, batch: dict) -> str:
         mem = f"{_memory_gb(self.device):.3g}G"
         lr = self.optimizer.param_groups[1]["lr"]
-        return ("%11s" * 2 + "%11.4g" * 3 + "%11i" * 2 + "%11.3g") % (
+        return ("%11s" * 2 + "%11.4g" * len(self.loss_names) + "%11i" * 2 + "%11.3g") % (
             f"{epoch + 1}/{self.epochs}", mem, *self.tloss.tolist(), batch["cls"].shape[0],
             batch["img"].shape[-1], lr)
 
     def save_metrics(self) -> None:
         if not is_main_process():
             return
-        tl = self.tloss.tolist() if self.tloss is not None else [float("nan")] * 3
+        tl = self.tloss.tolist() if self.tloss is not None else [float("nan")] * len(self.loss_names)
         row = {"epoch": self.epoch + 1, "time": round(self.train_time, 3),
-               "train/box_loss": tl[0], "train/cls_loss": tl[1], "train/dfl_loss": tl[2]}
+               **{f"train/{n}": v for n, v in zip(self.loss_names, tl)}}
         row.update({k: self.metrics.get(k, float("nan")) for k in _METRIC_KEYS})
         row.update({f"lr/pg{j}": self.lr.get(f"lr/pg{j}", float("nan")) for j in range(3)})
         row.update(memory_usage(self.device))
@@ -818,10 +825,16 @@ class Trainer:
     def _write_csv_row(self, row: dict) -> None:
         new = not self.csv.exists()
         with open(self.csv, "a", newline="", encoding="utf-8") as f:
-            w = csv.DictWriter(f, fieldnames=RESULTS_COLUMNS, extrasaction="ignore")
+            w = csv.DictWriter(f, fieldnames=self._results_columns(), extrasaction="ignore")
             if new:
                 w.writeheader()
             w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
+
+    def _results_columns(self) -> tuple:
+        """RESULTS_COLUMNS, with a loss beyond Ultralytics' three (``train/dis_loss``) after its columns."""
+        extra = tuple(f"train/{n}" for n in self.loss_names[3:])
+        n = RESULTS_COLUMNS.index("lr/pg2") + 1
+        return RESULTS_COLUMNS[:n] + extra + RESULTS_COLUMNS[n:]
 
     def _checkpoint(self) -> dict:
         args = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(self.args).items()}
@@ -841,6 +854,7 @@ class Trainer:
             "train_metrics": dict(self.metrics),
             "train_time": self.train_time,
             "rng": self._rng_state(),
+            **distill.checkpoint_state(self.step_model),  # the projectors, for resume (not in model/ema)
             **ckpt_io.checkpoint_meta(),
         }
 
