@@ -267,3 +267,107 @@ def test_trainer_graph_run_with_teacher_equals_eager_emulated(tmp_path, emulated
     assert out[0][0].shape == (2, 4)
     for a, b in zip(out[1], out[0]):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_bench_train_step_distill_variants(emulated_graphs):
+    """benchmarks/bench_train_step.py's "_dis" variants run the step with a yolov8s teacher: eager and
+    captured in a (CPU-emulated) CUDA graph, whose replays move the weights."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_train_step.py"
+    spec = importlib.util.spec_from_file_location("yolofast_bench_train_step", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    eager = mod.make_step("bf16_cl_dis", imgsz=64, batch=2, nc=3, device=torch.device("cpu"))
+    assert torch.isfinite(eager())
+    step = mod.make_step("graph_bf16_cl_dis", imgsz=64, batch=2, nc=3, device=torch.device("cpu"))
+    losses = [float(step()) for _ in range(3)]
+    assert step.graphed.graph.replays == 3 and losses[0] != losses[2]
+    with pytest.raises(ValueError, match="unknown variant"):
+        mod.make_step("bf17_dis", imgsz=64, batch=2, nc=3, device=torch.device("cpu"))
+
+
+def _ddp_worker(rank, world, port, out, teacher_state):
+    import os
+
+    from yolofast.engine.distributed import destroy_distributed, init_distributed
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world), YOLOFAST_DDP_TIMEOUT="60")
+    dev = init_distributed(torch.device("cpu"))
+    step = _ddp_step(teacher_state)
+    if rank == 1:  # DDP must broadcast rank 0's student and projectors at wrap time
+        with torch.no_grad():
+            for p in step.parameters():
+                if p.requires_grad:
+                    p.add_(1.0)
+    img, batch = _batch(B=4)
+    grads = _ddp_grads(step, img.chunk(world)[rank], {k: v.chunk(world)[rank] for k, v in batch.items()},
+                       dev, world)
+    torch.save(grads, f"{out}/rank{rank}.pt")
+    destroy_distributed()
+
+
+def _ddp_step(teacher_state):
+    torch.manual_seed(0)
+    teacher = build_model(TEACHER, nc=3)
+    teacher.load_state_dict(teacher_state)
+    return DistillStep(build_model(TINY, nc=3), teacher).train()
+
+
+def _ddp_grads(step, img, batch, dev, world):
+    model, loss_fn = train_step_modules(step, DistillLoss(DetectionLoss(3)), dev, world_size=world)
+    loss, _ = loss_fn([f.float() for f in model(img)], batch)
+    loss.backward()
+    return [p.grad.clone() for p in step.parameters() if p.requires_grad]
+
+
+def test_ddp_all_reduces_student_and_projector_gradients(tmp_path):
+    """2 gloo ranks, each half the batch: every trainable gradient (student and projectors) is identical on
+    both ranks and equals the sum of the two halves' gradients in one process (BN statistics per half, as
+    per rank); the teacher is not part of the all-reduce (no gradient)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    teacher_state = build_model(TEACHER, nc=3).state_dict()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_ddp_worker, args=(2, port, str(tmp_path), teacher_state), nprocs=2, join=True)
+    img, batch = _batch(B=4)
+    halves = [_ddp_grads(_ddp_step(teacher_state), img.chunk(2)[r],
+                         {k: v.chunk(2)[r] for k, v in batch.items()}, torch.device("cpu"), 1)
+              for r in (0, 1)]
+    ref = [a + b for a, b in zip(*halves)]
+    g0, g1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    n_proj = sum(1 for _ in _ddp_step(teacher_state).projector.parameters())
+    assert len(g0) == len(ref) and n_proj > 0
+    for a, b, want in zip(g0, g1, ref):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        torch.testing.assert_close(a, want, rtol=1e-4, atol=1e-6)
+    assert all(g.abs().sum() > 0 for g in g0[-n_proj:])  # the projectors' (registered last) got gradients
+
+
+def test_torchrun_epoch_with_teacher(tmp_path, teacher_pt):
+    """`torchrun ... yolofast train distill_model=...`: 2 CPU ranks train one epoch with the teacher; rank 0
+    writes results.csv with train/dis_loss and a last.pt holding the projectors."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    model_yaml = tmp_path / "tiny.yaml"
+    model_yaml.write_text(yaml.safe_dump(TINY))
+    data = make_shapes(root=tmp_path / "data", n_train=8, n_val=4, imgsz=64)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
+           "yolofast", "train", f"model={model_yaml}", f"data={data}", "epochs=1", "imgsz=64", "batch=4",
+           "workers=0", f"project={tmp_path / 'runs'}", "name=run", "plots=False", "device=cpu",
+           f"distill_model={teacher_pt}"]
+    env = {**os.environ, "YOLOFAST_DDP_TIMEOUT": "60", "OMP_NUM_THREADS": "1"}
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    rows = _rows(tmp_path / "runs" / "run" / "results.csv")
+    assert len(rows) == 1 and float(rows[0]["train/dis_loss"]) > 0
+    assert "distill" in load_checkpoint(tmp_path / "runs" / "run" / "weights" / "last.pt")
