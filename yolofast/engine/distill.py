@@ -142,6 +142,7 @@ class DistillLoss(nn.Module):
     def __init__(self, criterion, dis: float = 6.0):
         super().__init__()
         self.criterion, self.dis = criterion, float(dis)
+        self.nc = getattr(criterion, "nc", None)  # what AutoBatch's synthetic batch draws classes from
 
     def forward(self, feats, batch):
         *maps, l_dis = feats

@@ -457,7 +457,7 @@ class Trainer:
                      f"(pass batch=N for another size)")
         elif auto:  # the largest batch whose step fits `fraction` of the GPU, at the data's largest GT count
             max_gt = autobatch_gt(self.train_loader.dataset, a.mosaic)
-            b = autobatch(self.model, self.criterion, a.imgsz, self.device, fraction, max_gt=max_gt,
+            b = autobatch(self.step_model, step_loss, a.imgsz, self.device, fraction, max_gt=max_gt,
                           amp_dtype=self.amp_dtype, default=DEFAULTS["batch"], log=self.log)
             self.rebuild_train_loader(b, epoch=0)
         a.batch = self.batch_size * self.world_size  # the resolved total, as checkpoints and resume see it
