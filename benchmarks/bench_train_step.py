@@ -6,9 +6,11 @@
 
 CPU: 320 px batch 16, 2 threads. Variants: fp32 (NCHW, the baseline), bf16 autocast, channels_last (fp32 and
 bf16), torch.compile (inductor; its first call compiles for minutes on 2 cores, outside the timing — set
-YOLOFAST_BENCH_COMPILE=0 to skip it). GPU (``--device cuda``): 640 px batch 64, bf16 channels_last, eager
-vs CUDA graph (graph_bf16_cl) vs compiled. Ultralytics' same step is measured beside them only when
-``ultralytics`` is importable
+YOLOFAST_BENCH_COMPILE=0 to skip it). Any variant with ``_dis`` appended (``bf16_cl_dis``, ...) is the same
+step with knowledge distillation from a yolov8s teacher (``distill_model=``: the teacher's forward, the
+projectors and the distillation loss; yolofast/engine/distill.py), to price a teacher.
+GPU (``--device cuda``): 640 px batch 64, bf16 channels_last, eager vs CUDA graph (graph_bf16_cl) vs
+compiled. Ultralytics' same step is measured beside them only when ``ultralytics`` is importable
 (never a dependency: install it in a separate venv; only imported and called, no code of it is copied);
 DESIGN §7 goal: >= 1.5x its images/s on CPU. Ultralytics trains fp32 NCHW on CPU (its ``check_amp`` returns
 False for a CPU model and its bf16 autocast raises off CUDA), so "ultralytics" is that step.
@@ -32,6 +34,7 @@ import torch
 
 from yolofast.engine.compile import train_step_modules
 from yolofast.engine.cudagraph import optimizer_kwargs
+from yolofast.engine.distill import DistillLoss, DistillStep
 from yolofast.loss import DetectionLoss
 from yolofast.nn import build_model
 
@@ -47,6 +50,7 @@ GOALS = [
     (GROUP_CPU, "bf16_cl", "ultralytics", 1 / 1.5, "DESIGN §7 bf16_cl >= 1.5x Ultralytics images/s"),
 ]
 _YOLOFAST_VARIANTS = ("fp32", "bf16", "fp32_cl", "bf16_cl", "compiled", "compiled_bf16_cl", "graph_bf16_cl")
+TEACHER = "yolov8s"  # the "_dis" variants' teacher (random weights: the time does not depend on them)
 _CPU_VARIANTS = ["fp32", "bf16", "fp32_cl", "bf16_cl", "compiled"]
 _DEBUG = os.environ.get("YOLOFAST_BENCH_DEBUG", "0") == "1"
 
@@ -94,22 +98,27 @@ def _backward_step(loss, opt, device: torch.device, scaler=None):
 
 def make_step(variant: str, imgsz: int, batch: int, nc: int, device: torch.device, n_gt: int = 8):
     """A zero-argument train step returning the detached loss; ``variant``: one of ``_YOLOFAST_VARIANTS``."""
-    if variant not in _YOLOFAST_VARIANTS:
+    dis = variant.endswith("_dis")
+    base = variant.removesuffix("_dis")
+    if base not in _YOLOFAST_VARIANTS:
         raise ValueError(f"bench_train_step: unknown variant {variant!r}; use one of "
-                         f"{(*_YOLOFAST_VARIANTS, 'ultralytics')}")
+                         f"{(*_YOLOFAST_VARIANTS, 'ultralytics')}, optionally with '_dis' appended")
     model = _init_model(nc, device)
     crit = DetectionLoss(nc)
+    if dis:  # the student + projectors + frozen teacher, as the trainer runs them with distill_model=
+        model, crit = DistillStep(model, build_model(TEACHER, nc=nc).to(device)), DistillLoss(crit)
     img, gt = make_batch(imgsz, batch, nc, device, n_gt=n_gt)
-    cl = variant.endswith("_cl")
+    cl = base.endswith("_cl")
     if cl:
         model.to(memory_format=torch.channels_last)
         img = img.contiguous(memory_format=torch.channels_last)
-    dtype = torch.bfloat16 if "bf16" in variant else None
-    graph = variant.startswith("graph")
-    fwd, loss_fn = train_step_modules(model, crit, device, compile=variant.startswith("compiled"))
+    dtype = torch.bfloat16 if "bf16" in base else None
+    graph = base.startswith("graph")
+    fwd, loss_fn = train_step_modules(model, crit, device, compile=base.startswith("compiled"))
     # A graph needs a tensor lr (a float is frozen into it) and a capturable optimizer (fused SGD).
     lr, kw = (torch.tensor(1e-4, device=device), optimizer_kwargs("sgd")) if graph else (1e-4, {})
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True, **kw)
+    params = [p for p in model.parameters() if p.requires_grad]  # the teacher is frozen
+    opt = torch.optim.SGD(params, lr=lr, momentum=0.9, nesterov=True, **kw)
 
     def step():
         with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
@@ -237,8 +246,16 @@ def test_train_step_cpu_ultralytics(measure):
     measure(step, group=GROUP_CPU, variant="ultralytics", rounds=5, warmup_rounds=2)
 
 
+@pytest.mark.parametrize("variant", ["bf16_cl_dis"])
+def test_train_step_cpu_distill(measure, variant):
+    """The default CPU step with a yolov8s teacher (distill_model=): compare with bf16_cl."""
+    step = make_step(variant, device=torch.device("cpu"), **CPU)
+    measure(step, group=GROUP_CPU, variant=variant, rounds=5, warmup_rounds=2)
+
+
 @pytest.mark.cuda
-@pytest.mark.parametrize("variant", ["bf16_cl", "graph_bf16_cl", "compiled_bf16_cl"])
+@pytest.mark.parametrize("variant", ["bf16_cl", "graph_bf16_cl", "compiled_bf16_cl", "bf16_cl_dis",
+                                     "graph_bf16_cl_dis"])
 def test_train_step_cuda(measure, variant):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
@@ -253,14 +270,14 @@ def _default_variants() -> list[str]:
 
 
 def main(variants=None, rounds: int = 5, warmup: int = 2, device: str = "cpu", n_gt: int = 8,
-         imgsz: int | None = None, batch: int | None = None) -> dict:
+         imgsz: int | None = None, batch: int | None = None, threads: int = THREADS) -> dict:
     """images/s of each variant (median over ``rounds`` round-robin rounds after ``warmup`` ones),
     printed with the ratio to "ultralytics" when it ran (else to the first variant), and returned.
     ``device="cuda"``: the GPU shapes (640 px, batch 64)."""
     device = torch.device(device)
     shape = dict(GPU if device.type == "cuda" else CPU)
     shape.update({k: v for k, v in (("imgsz", imgsz), ("batch", batch)) if v})
-    torch.set_num_threads(THREADS)
+    torch.set_num_threads(threads)
     steps = {}
     for v in variants or _default_variants():
         if v == "ultralytics":
@@ -270,7 +287,7 @@ def main(variants=None, rounds: int = 5, warmup: int = 2, device: str = "cpu", n
             steps[v] = ultralytics_step(shape["imgsz"], shape["batch"], device, nc=shape["nc"], n_gt=n_gt)
         else:
             steps[v] = make_step(v, device=device, n_gt=n_gt, **shape)
-    torch.set_num_threads(THREADS)  # importing ultralytics sets OMP_NUM_THREADS=1 when unset; keep 2 for all
+    torch.set_num_threads(threads)  # importing ultralytics sets OMP_NUM_THREADS=1 when unset; keep 2 for all
     names = list(steps)
     times: dict[str, list[float]] = {v: [] for v in names}
     last = {}
@@ -298,13 +315,15 @@ def main(variants=None, rounds: int = 5, warmup: int = 2, device: str = "cpu", n
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("variants", nargs="*", help=f"{(*_YOLOFAST_VARIANTS, 'ultralytics')}; default: CPU ones")
+    p.add_argument("variants", nargs="*", help=f"{(*_YOLOFAST_VARIANTS, 'ultralytics')} (+ '_dis': with a "
+                   f"{TEACHER} teacher); default: CPU ones")
     p.add_argument("--rounds", type=int, default=5, help="timed round-robin rounds (default 5)")
     p.add_argument("--warmup", type=int, default=2, help="untimed rounds first (default 2)")
     p.add_argument("--device", default="cpu", help="cpu (320 px b16) or cuda (640 px b64)")
     p.add_argument("--gt", type=int, default=8, help="GT boxes per image (default 8; dense scenes: 100+)")
     p.add_argument("--imgsz", type=int, help="image size (default: 320 CPU, 640 CUDA)")
     p.add_argument("--batch", type=int, help="batch size (default: 16 CPU, 64 CUDA)")
+    p.add_argument("--threads", type=int, default=THREADS, help=f"torch threads (default {THREADS})")
     a = p.parse_args()
     main(a.variants or None, rounds=a.rounds, warmup=a.warmup, device=a.device, n_gt=a.gt, imgsz=a.imgsz,
-         batch=a.batch)
+         batch=a.batch, threads=a.threads)

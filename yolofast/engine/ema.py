@@ -12,12 +12,15 @@ from yolofast.ops import ema_update
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
-    """The plain module under DDP/DataParallel (``.module``) and torch.compile (``._orig_mod``) wrappers."""
+    """The plain module under DDP/DataParallel (``.module``) and torch.compile (``._orig_mod``) wrappers,
+    and the student of a distillation step (``.student``): the model whose EMA is kept."""
     while True:
         if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
             model = model.module
         elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
             model = model._orig_mod
+        elif isinstance(getattr(model, "student", None), nn.Module):  # engine/distill.py
+            model = model.student
         else:
             return model
 

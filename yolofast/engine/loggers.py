@@ -34,9 +34,11 @@ _REFRESH_S = 0.5  # progress-line refresh: each one reads the gradient norm sums
 
 
 def results_columns(loss_names=LOSS_NAMES) -> tuple[str, ...]:
-    """Ultralytics' columns first (tools that read its runs keep working), then memory and gradient norm."""
-    return ("epoch", "time", *(f"train/{n}" for n in loss_names), *METRIC_COLUMNS,
-            "lr/pg0", "lr/pg1", "lr/pg2") + MEMORY_COLUMNS + GRAD_COLUMNS
+    """Ultralytics' columns first (tools that read its runs keep working), then any loss beyond its three
+    (``train/dis_loss`` with a teacher), memory and gradient norm."""
+    return ("epoch", "time", *(f"train/{n}" for n in loss_names[:3]), *METRIC_COLUMNS,
+            "lr/pg0", "lr/pg1", "lr/pg2", *(f"train/{n}" for n in loss_names[3:]),
+            *MEMORY_COLUMNS, *GRAD_COLUMNS)
 
 
 RESULTS_COLUMNS = results_columns()

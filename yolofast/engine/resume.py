@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from yolofast.cfg import CfgError, get_cfg
 from yolofast.engine import checkpoint as ckpt_io
-from yolofast.engine import elastic
+from yolofast.engine import distill, elastic
 from yolofast.engine.distributed import all_gather_objects, is_main_process, restart_count, unwrap_model
 
 __all__ = ["check_ranks_agree", "elastic_restart", "load_resume_args", "restore", "rng_state",
@@ -100,6 +100,7 @@ def trainer_checkpoint(t) -> dict:
         "train_metrics": dict(t.metrics),
         "train_time": t.train_time,
         "rng": rng_state(t),
+        **distill.checkpoint_state(t.step_model),  # the projectors, for resume (not in model/ema)
         **ckpt_io.checkpoint_meta(),
     }
 
@@ -108,6 +109,7 @@ def restore(t, ckpt: dict) -> None:
     """Everything a resumed run needs to continue exactly as if it had never stopped."""
     t.start_epoch = ckpt["epoch"] + 1
     unwrap_model(t.model).load_state_dict(ckpt["model"].state_dict())
+    distill.restore_state(t.step_model, ckpt, t.resume_ckpt)
     t.ema.load_state_dict({"ema": ckpt["ema"].state_dict(), "updates": ckpt["updates"]})
     t.optimizer.load_state_dict(ckpt["optimizer"])
     t.scaler.load_state_dict(ckpt["scaler"])

@@ -49,7 +49,7 @@ from tqdm import tqdm
 
 from yolofast.cfg import DEFAULTS, CfgError, get_cfg, quantize_half
 from yolofast.engine import checkpoint as ckpt_io
-from yolofast.engine import cudagraph, elastic, model_keys, optim, resume
+from yolofast.engine import cudagraph, distill, elastic, model_keys, optim, resume
 from yolofast.engine.autobatch import autobatch, autobatch_gt, resolve_batch
 from yolofast.engine.callbacks import Callbacks, ValBatchEvents
 from yolofast.engine.compile import compile_mode, train_step_modules
@@ -156,7 +156,7 @@ class Trainer:
         self.fitness = None
         self.metrics: dict = {}
         self.tloss = None
-        self.loss_names = list(LOSS_NAMES)  # the loss items' names: progress header, results.csv, TensorBoard
+        self.loss_names = list(LOSS_NAMES)  # the loss items: progress header, results.csv, TensorBoard
         self.stop = False
         self.train_time = 0.0  # seconds, carried across resumes for results.csv's `time`
         self.grad_norm = GradNormStats(max_norm=10.0)  # pre-clip norm of every optimizer step (gradnorm.py)
@@ -335,8 +335,13 @@ class Trainer:
         self.batch_size = max(DEFAULTS["batch"] if auto else a.batch // self.world_size, 1)
         self.train_loader = self.get_dataloader(self.data["train"], self.batch_size, mode="train")
         self.criterion = self.get_loss(self.model)  # after the loader: cls_pw counts its labels
+        # With distill_model: the student + projectors + frozen teacher, and the loss with dis_loss added
+        # (engine/distill.py); otherwise the model and criterion themselves.
+        self.step_model, step_loss, extra = distill.train_step(
+            self.model, self.criterion, a, self.data["names"], self.device, self.channels_last)
+        self.loss_names = self.loss_names[:3] + extra
         # DDP wrap, loss x world size, torch.compile (model + whole loss): yolofast/engine/compile.py
-        self.train_model, self.train_loss = train_step_modules(self.model, self.criterion, self.device,
+        self.train_model, self.train_loss = train_step_modules(self.step_model, step_loss, self.device,
                                                                a.compile, self.world_size)
         if auto and self.world_size > 1:
             # Profiling on rank 0 alone would run SyncBN / DDP collectives the other ranks never join.
@@ -344,7 +349,7 @@ class Trainer:
                      f"(pass batch=N for another size)")
         elif auto:  # the largest batch whose step fits `fraction` of the GPU, at the data's largest GT count
             max_gt = autobatch_gt(self.train_loader.dataset, a.mosaic)
-            b = autobatch(self.model, self.criterion, a.imgsz, self.device, fraction, max_gt=max_gt,
+            b = autobatch(self.step_model, step_loss, a.imgsz, self.device, fraction, max_gt=max_gt,
                           amp_dtype=self.amp_dtype, default=DEFAULTS["batch"], log=self.log)
             self.rebuild_train_loader(b, epoch=0)
         a.batch = self.batch_size * self.world_size  # the resolved total, as checkpoints and resume see it
@@ -366,8 +371,8 @@ class Trainer:
                              f"batch")
         resumed_auto = self._resume_state.get("optimizer_auto") if self.resume_ckpt is not None else None
         self.optimizer, self.optimizer_auto, self.momentum, self.warmup_bias_lr = optim.recipe_optimizer(
-            self.model, a, len(self.train_loader.dataset), self.accumulate, self.data["nc"], resumed_auto,
-            extra=optimizer_kwargs if graph_why == [] else None, log=self.log)
+            self.step_model, a, len(self.train_loader.dataset), self.accumulate, self.data["nc"],
+            resumed_auto, extra=optimizer_kwargs if graph_why == [] else None, log=self.log)
         self.lf = optim.lr_lambda(self.epochs, a.lrf, a.cos_lr)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda=self.lf)
         self.nb = nb
@@ -377,7 +382,7 @@ class Trainer:
             warnings.warn(f"cuda_graph=True but {'; '.join(graph_why)}: using the eager step", stacklevel=2)
         elif graph_why == []:
             bucket = autobatch_gt(self.train_loader.dataset, a.mosaic)  # GT rows of the captured batch
-            self.graph = GraphedTrainStep(self.model, self.train_loss, self.optimizer, self.ema,
+            self.graph = GraphedTrainStep(self.step_model, self.train_loss, self.optimizer, self.ema,
                                           self.amp_dtype, gt_bucket=bucket, batch_size=self.batch_size)
 
         if self.resume_ckpt is not None:
@@ -546,7 +551,7 @@ class Trainer:
         """unscale -> clip_grad_norm_(10.0) -> step -> scaler update -> zero_grad -> EMA update."""
         self.scaler.unscale_(self.optimizer)
         # 10.0 bounds the rare huge gradients of early iterations (loss is × batch); normal ones pass.
-        self.grad_norm.add(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=10.0))
+        self.grad_norm.add(torch.nn.utils.clip_grad_norm_(self.step_model.parameters(), max_norm=10.0))
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.run_callbacks("optimizer_step")
