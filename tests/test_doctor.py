@@ -2,6 +2,7 @@
 
 import copy
 import json
+import math
 
 import pytest
 import torch
@@ -281,3 +282,32 @@ def test_cli_help_and_key_checking(capsys):
     assert main(["doctor", "lr_0=0.1"]) == 2
     assert "did you mean" in capsys.readouterr().err
     assert main(["doctor", "--steps", "x"]) == 2
+
+
+@pytest.fixture(scope="module")
+def teacher_pt(shapes, tmp_path_factory):
+    """A 1/4-width teacher trained for one epoch on the same data (as tests/engine/test_distill.py)."""
+    root = tmp_path_factory.mktemp("teacher")
+    teacher = {**copy.deepcopy(TINY), "width_multiple": 0.25}
+    Trainer(data=shapes, epochs=1, project=root, name="t", **{**FAST, "model": teacher}).train()
+    torch.use_deterministic_algorithms(False)
+    return str(root / "t" / "weights" / "best.pt")
+
+
+def test_distillation_is_its_own_gradient_branch(shapes, teacher_pt, tmp_path):
+    """distill_model: the dis term reaches the student through the projectors and the maps entering the
+    head, never the head itself; the trace shows its share and the overfit optimises the total with it."""
+    r = _doctor(Trainer, shapes, tmp_path, steps=3, distill_model=teacher_pt, dis=6.0)
+    g = r.section("gradients").data["branches"]
+    assert set(g) == {"box", "cls", "dfl", "dis"}, r.text()
+    dis = g["dis"]
+    assert math.isfinite(dis["model"]) and dis["model"] > 0
+    assert dis["head"] == 0 and dis["head_maps"] == 0  # it acts on the head's inputs (P3-P5)
+    assert dis["groups"]["projectors (dis)"] > 0 and dis["groups"]["21 C2f"] > 0  # P5's last C2f
+    assert all(g[b]["groups"]["projectors (dis)"] == 0 for b in ("box", "cls", "dfl"))
+    assert any(line.strip().startswith("projectors (dis)") for line in r.section("gradients").lines)
+    trace = r.section("trace").data
+    assert set(trace["items"]) == {"box", "cls", "dfl", "dis"} and trace["shares"]["dis"] > 0
+    assert "loss-total-mismatch" not in r.names and "loss-branch-scaled" not in r.names
+    fit = r.section("overfit").data  # step 1 is the trace's total: box + cls + dfl + dis, x batch
+    assert fit["losses"][0] == pytest.approx(trace["total"], rel=1e-4)

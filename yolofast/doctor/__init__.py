@@ -72,6 +72,9 @@ def run(trainer, steps: int = DEFAULT_STEPS, fraction: float = DEFAULT_FRACTION,
               f"model {model} ({n_params / 1e6:.2f}M parameters, nc={s.nc}), data {a.data}, imgsz "
               f"{a.imgsz}, batch {s.batch['img'].shape[0]}, amp {amp}, optimizer {s.optimizer_name}, loss "
               f"{type(s.loss).__name__}"]
+    if s.distilling:
+        header.append(f"distill_model {a.distill_model} (dis={a.dis:g}): its term is the branch dis; the "
+                      f"overfit optimises the total with it, as training does")
     report = Report([data, model_sec, grad_sec, fit_sec], header)
     report.header.append(f"{time.time() - t0:.1f} s in all (setup and data {t_setup:.1f} s)")
     out = Path(save_dir) if save_dir is not None else trainer.save_dir

@@ -2,7 +2,9 @@
 
 The branches box, cls and dfl come from the standard loss (``Trainer.get_loss``) on the same maps; the
 gradient of the user's own total minus theirs is what the user's loss adds beyond them (a distillation
-term, a branch counted twice): it is reported as one more branch when it is not ~0.
+term, a branch counted twice): it is reported as one more branch when it is not ~0. With distill_model the
+distillation term is the branch ``dis``: it reaches the student through the projectors and the maps that
+enter the head (P3-P5), not through the head maps, so it is split off at its own output, L_dis.
 """
 
 from __future__ import annotations
@@ -57,15 +59,15 @@ def _norm(grads) -> float:
 
 def branch_gradients(s, feats) -> dict:
     """{branch: per-parameter grads} for box, cls, dfl (x batch, as the total weighs them) and, when it is
-    not ~0, the rest of the user's total. ``feats``: float32 head maps from a forward with autograd on.
+    not ~0, the rest of the user's total; ``dis`` when distilling. ``feats``: float32 ``s.forward()``.
 
     The branches are split on the head maps, in float32, where the sum of the branch gradients equals the
     total's exactly; each map gradient then goes back through the model (under bf16 autocast the backward
     of a sum differs from the sum of backwards by ~3 % of the norm, too much to tell a real extra term)."""
-    params = [p for p in s.model.parameters() if p.requires_grad]
+    params = [p for p in s.step.parameters() if p.requires_grad]  # the student's (+ the projectors')
     bsz = feats[0].shape[0]
     leaves = [f.detach().requires_grad_(True) for f in feats]
-    t = standard_branches(s.standard, leaves, s.batch)
+    t = standard_branches(s.standard, s.maps(leaves), s.batch)
     total, items = s.loss(leaves, s.batch)
     names = branch_names(s.loss, torch.as_tensor(items).numel())
 
@@ -77,6 +79,9 @@ def branch_gradients(s, feats) -> dict:
     scaled = {}
     if torch.as_tensor(total).requires_grad:
         g_total = map_grad(total, retain=False)
+        if s.distilling:  # the gradient on L_dis (dis x batch) is the dis branch; the rest is on the maps
+            on_maps["dis"] = [torch.zeros_like(g) for g in g_total[:-1]] + [g_total[-1]]
+            g_total[-1] = torch.zeros_like(g_total[-1])
         rest = [gt - sum(on_maps[n][i] for n in BRANCHES) for i, gt in enumerate(g_total)]
         if _norm(rest) > 1e-4 * max(_norm(g_total), 1e-12) or not math.isfinite(_norm(rest)):
             name, c = _multiple_of(rest, on_maps)
@@ -84,10 +89,11 @@ def branch_gradients(s, feats) -> dict:
                 on_maps[name] = [(1 + c) * g for g in on_maps[name]]
                 scaled[name] = 1 + c
             else:
-                on_maps["+".join(names[3:]) if len(names) > 3 else "rest"] = rest
+                extra = names[3:-1] if s.distilling else names[3:]
+                on_maps["+".join(extra) if extra else "rest"] = rest
     out = {name: torch.autograd.grad(feats, params, grad_outputs=g, retain_graph=True, allow_unused=True)
            for name, g in on_maps.items()}
-    return {"grads": out, "params": params, "maps": {n: _norm(g) for n, g in on_maps.items()},
+    return {"grads": out, "params": params, "maps": {n: _norm(s.maps(g)) for n, g in on_maps.items()},
             "scaled": scaled}
 
 
@@ -108,6 +114,10 @@ def check_gradients(sec: Section, s, feats) -> dict:
     params, grads = r["params"], r["grads"]
     index = {id(p): i for i, p in enumerate(params)}
     groups = layer_groups(s.model)
+    if s.distilling:
+        groups.append(("projectors (dis)",
+                       [p for p in s.step.projector.parameters() if p.requires_grad]))
+    student = [id(p) for p in s.model.parameters()]
     head = {id(p) for p in head_params(s.model)}
 
     def norm_of(g, ids) -> float:
@@ -115,11 +125,12 @@ def check_gradients(sec: Section, s, feats) -> dict:
 
     table = {}
     for name, g in grads.items():
-        table[name] = {"model": _norm(g), "head": norm_of(g, head), "head_maps": r["maps"][name],
+        table[name] = {"model": norm_of(g, student), "head": norm_of(g, head), "head_maps": r["maps"][name],
                        "groups": {gn: norm_of(g, [id(p) for p in ps]) for gn, ps in groups}}
     names = list(table)
     sec.add(f"{'gradient norm':<24}" + "".join(f"{n:>12}" for n in names))
-    sec.add(f"{'whole model':<24}" + "".join(f"{fmt(table[n]['model']):>12}" for n in names))
+    whole = "whole model (student)" if s.distilling else "whole model"
+    sec.add(f"{whole:<24}" + "".join(f"{fmt(table[n]['model']):>12}" for n in names))
     sec.add(f"{'head parameters':<24}" + "".join(f"{fmt(table[n]['head']):>12}" for n in names))
     sec.add(f"{'head maps (its output)':<24}" + "".join(f"{fmt(table[n]['head_maps']):>12}" for n in names))
     for gn, ps in groups:
@@ -168,6 +179,7 @@ def check_gradients(sec: Section, s, feats) -> dict:
         sec.flag("gradient-branch-dominant", "FAIL",
                  f"the {name} gradient is {v / max(others):.1f}x the largest other branch's over the whole "
                  f"model{f', from {start} back' if start else ''}",
-                 f"check the {name} branch's targets (a duplicated target multiplies it) and its gain "
-                 f"({name}=... in the recipe)")
+                 "lower dis=... or check that distill_model predicts this data (mAP of the teacher)"
+                 if name == "dis" else f"check the {name} branch's targets (a duplicated target multiplies "
+                 f"it) and its gain ({name}=... in the recipe)")
     return out

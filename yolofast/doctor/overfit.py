@@ -33,19 +33,20 @@ def _curve_line(losses, width: int = 10) -> str:
 
 def overfit(sec: Section, s, steps: int = DEFAULT_STEPS, fraction: float = DEFAULT_FRACTION,
             earlier=()) -> dict:
-    """Train ``s.model`` in place on ``s.batch`` (clip 10.0 and the scaler, as the trainer's step);
+    """Train ``s.step`` in place on ``s.batch``: the total training optimises (with distill_model, its
+    distillation term too), clip 10.0 and the scaler, as the trainer's step;
     ``earlier``: the findings of the trace and the gradients, to name the likely cause of a FAIL."""
     tr, opt, model = s.trainer, s.optimizer, s.model
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = [p for p in s.step.parameters() if p.requires_grad]
     lrs = [float(g["lr"]) for g in opt.param_groups]
     sec.add(f"{steps} steps of {s.optimizer_name} (lr {', '.join(fmt(x, 3) for x in lrs)} per group, no "
             f"warmup) on the fixed batch of {s.batch['img'].shape[0]} images; pass below {fraction:g} x "
             f"the start (the highest loss of the first {max(3, steps // 5)} steps)")
     losses, bad_step, missing = [], None, 0
-    model.train()
+    s.step.train()
     for step in range(steps):
         with tr.autocast():
-            feats = model(s.batch["img"])
+            feats = s.step(s.batch["img"])
         total, _ = s.loss([f.float() for f in feats], s.batch)
         v = float(total.detach())
         if not math.isfinite(v):

@@ -1,5 +1,7 @@
 """What the doctor examines, built with the trainer's own hooks (``get_model``, ``get_dataloader``,
-``get_loss``, its AMP and optimizer setup), so a subclass or a recipe is diagnosed as it would train."""
+``get_loss``, its AMP and optimizer setup), so a subclass or a recipe is diagnosed as it would train.
+With ``distill_model`` the step is the trainer's distillation step (``distill.train_step``): the student,
+its projectors and the frozen teacher, whose forward appends the 0-d distillation loss to the head maps."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import torch
 from torch import nn
 
 from yolofast.cfg import DEFAULTS
-from yolofast.engine import optim
+from yolofast.engine import distill, optim
 from yolofast.engine.autobatch import resolve_batch
 from yolofast.engine.device import setup_amp
 from yolofast.engine.trainer import Trainer, init_seeds
@@ -25,8 +27,9 @@ _BORROWED = ("model", "channels_last", "amp_dtype", "scaler", "stride", "train_l
 @dataclass
 class Session:
     trainer: Trainer
-    model: nn.Module
-    loss: object  # the user's: trainer.get_loss(model)
+    model: nn.Module  # the student
+    step: nn.Module  # what the train step runs: ``model``, or the DistillStep with distill_model
+    loss: object  # what training optimises: trainer.get_loss(model), + dis x L_dis with distill_model
     standard: object  # Trainer.get_loss: the recipe's DetectionLoss, the yardstick for the branches
     batch: dict  # one batch of the training split without augmentation, on the device, images in [0, 1]
     train_batch: dict | None  # the first batch of the training pipeline (augmented), as the loop sees it
@@ -38,11 +41,20 @@ class Session:
     def autocast(self):
         return self.trainer.autocast()
 
+    @property
+    def distilling(self) -> bool:
+        return self.step is not self.model
+
     def forward(self):
-        """The head maps of the fixed batch, in float32 (the loss runs in float32, as in the trainer)."""
+        """The step's outputs on the fixed batch in float32 (the loss runs in float32, as in the trainer):
+        the head maps, then L_dis when distilling."""
         with self.autocast():
-            feats = self.model(self.batch["img"])
+            feats = self.step(self.batch["img"])
         return [f.float() for f in feats]
+
+    def maps(self, feats: list) -> list:
+        """The head maps of ``forward()``'s outputs (without the distillation loss)."""
+        return feats[:-1] if self.distilling else feats
 
 
 def _first_batch(loader) -> dict:
@@ -90,17 +102,21 @@ def _prepare(trainer: Trainer, saved: dict) -> Session:
     finally:
         a.workers = workers
     trainer.train_loader = train_loader  # cls_pw weighs the classes by this loader's labels
-    loss = trainer.get_loss(model)
+    criterion = trainer.get_loss(model)
     standard = Trainer.get_loss(trainer, model)
+    step, loss, _ = distill.train_step(model, criterion, a, trainer.data["names"], trainer.device,
+                                       trainer.channels_last)
+    if trainer.resume_ckpt is not None and hasattr(trainer, "_resume_state"):
+        distill.restore_state(step, trainer._resume_state, trainer.resume_ckpt)  # the run's projectors
 
     accumulate = optim.accumulate_steps(a.nbs, bs)
     decay = optim.scaled_weight_decay(a.weight_decay, bs, accumulate, a.nbs)
     n_images = len(getattr(train_loader, "dataset", ()) or ()) or bs
     iterations = math.ceil(n_images / max(bs, a.nbs)) * a.epochs
-    opt, name, _, _ = optim.build_optimizer(model, a.optimizer, a.lr0, a.momentum, decay, iterations,
+    opt, name, _, _ = optim.build_optimizer(step, a.optimizer, a.lr0, a.momentum, decay, iterations,
                                             nc=trainer.data["nc"])
-    return Session(trainer, model, loss, standard, batch, train_batch, opt, name, int(trainer.data["nc"]),
-                   saved)
+    return Session(trainer, model, step, loss, standard, batch, train_batch, opt, name,
+                   int(trainer.data["nc"]), saved)
 
 
 def restore(s: Session) -> None:

@@ -6,6 +6,7 @@ import torch
 
 from yolofast.boxes import xywh2xyxy
 from yolofast.doctor.report import Section, fmt, stats, stats_line
+from yolofast.engine.distill import DistillLoss
 from yolofast.ops import bbox_loss_maps, head_decode, reference, tal_assign
 
 __all__ = ["trace_data", "trace_model", "standard_branches", "branch_names"]
@@ -15,7 +16,9 @@ BRANCHES = ("box", "cls", "dfl")
 
 def branch_names(loss, n: int) -> list[str]:
     """Names of a loss's items: its own ``loss_names``/``item_names`` when it has them, else box, cls, dfl
-    and ``item3``, ... for anything a loss adds (e.g. a distillation term)."""
+    and ``item3``, ... for anything a loss adds; the distillation term of distill_model is ``dis``."""
+    if isinstance(loss, DistillLoss):
+        return branch_names(loss.criterion, n - 1) + ["dis"]
     own = getattr(loss, "loss_names", None) or getattr(loss, "item_names", None)
     if own is not None and len(own) == n:
         return [str(x) for x in own]
@@ -178,10 +181,11 @@ def _unassigned(t: dict, loss) -> tuple[list, dict]:
 
 
 def trace_model(sec: Section, s, feats) -> dict:
-    """Head maps, the user's loss and the standard one on the same maps, the assigner's positives."""
-    model, loss, bsz = s.model, s.loss, feats[0].shape[0]
+    """Head maps, the user's loss and the standard one on the same maps, the assigner's positives.
+    ``feats``: the step's outputs (the head maps, then L_dis when distilling)."""
+    model, loss, bsz, maps = s.model, s.loss, feats[0].shape[0], s.maps(feats)
     out = {"head": []}
-    for i, f in enumerate(feats):
+    for i, f in enumerate(maps):
         st = stats(f)
         out["head"].append(st)
         stride = int(model.stride[i]) if hasattr(model, "stride") else "?"
@@ -200,7 +204,7 @@ def trace_model(sec: Section, s, feats) -> dict:
             return out
         items = torch.as_tensor(items).detach().float().reshape(-1).cpu()
         total = float(torch.as_tensor(total).detach().float().sum())
-        t = standard_branches(s.standard, feats, s.batch)
+        t = standard_branches(s.standard, maps, s.batch)
     std = t["branches"].detach().float().cpu()
     names = branch_names(loss, items.numel())
     out.update(total=total, items=dict(zip(names, items.tolist())),
@@ -240,7 +244,7 @@ def trace_model(sec: Section, s, feats) -> dict:
                  f"the {name} loss is meant to differ, ignore this")
 
     fg = t["fg_mask"]
-    sizes = [f.shape[2] * f.shape[3] for f in feats]
+    sizes = [f.shape[2] * f.shape[3] for f in maps]
     per_level = [int(x.sum()) for x in fg.split(sizes, 1)]
     per_img = fg.sum(1).tolist()
     n_gt = int((t["gt_mask"] > 0).sum())
