@@ -17,6 +17,7 @@ from yolofast.cfg import CfgError, get_cfg
 from yolofast.engine import checkpoint as ckpt_io
 from yolofast.engine import distill, elastic
 from yolofast.engine.distributed import all_gather_objects, is_main_process, restart_count, unwrap_model
+from yolofast.engine.loader import close_mosaic
 
 __all__ = ["check_ranks_agree", "elastic_restart", "load_resume_args", "restore", "rng_state",
            "trainer_checkpoint"]
@@ -119,7 +120,7 @@ def restore(t, ckpt: dict) -> None:
     t.train_time = ckpt.get("train_time", 0.0)
     closes_at = t.epochs - t.args.close_mosaic  # the loop's test; < 0 (a short run): never
     if t.args.close_mosaic and 0 <= closes_at < t.start_epoch:
-        t._close_mosaic()
+        close_mosaic(t.train_loader)
     rng = ckpt["rng"]
     if len(ckpt.get("rng_ranks") or ()) == t.world_size > 1:  # this rank's own streams (save_model)
         rng = ckpt["rng_ranks"][t.rank]
