@@ -8,7 +8,8 @@ Reading order: ``train`` -> ``_setup_train`` (build everything) -> ``_do_train``
 -> ``train_batch`` (one step: forward, loss, backward, optimizer) -> ``validate`` / ``save_model`` (what
 happens at the end of an epoch). What a run shows and writes (progress bar, results.csv/png, gradient
 norms, ``profile=True``'s time split, TensorBoard) lives in ``loggers.py``, driven by the callback events;
-what a checkpoint holds and how resume restores it in ``resume.py``; device, seeds and precision in
+what a checkpoint holds, writing it and how resume restores it in ``resume.py``; the data loaders (and
+their rebuild at another batch size) in ``loader.py``; device, seeds and precision in
 ``device.py``; recovery (non-finite loss, out of memory) in ``recovery.py``, the CUDA-graph step in
 ``cudagraph.py``, AutoBatch in ``autobatch.py``.
 
@@ -48,7 +49,6 @@ from torch import nn
 from tqdm import tqdm
 
 from yolofast.cfg import DEFAULTS, CfgError, get_cfg, quantize_half
-from yolofast.engine import checkpoint as ckpt_io
 from yolofast.engine import distill, elastic, loader, model_keys, optim, resume
 from yolofast.engine.autobatch import autobatch, autobatch_gt, resolve_batch
 from yolofast.engine.callbacks import Callbacks, ValBatchEvents
@@ -60,7 +60,6 @@ from yolofast.engine.distributed import (
     barrier,
     broadcast_flag,
     destroy_distributed,
-    gather_to_rank0,
     get_rank,
     get_world_size,
     init_distributed,
@@ -450,7 +449,7 @@ class Trainer:
             if self.stop:
                 break
         self.epoch = epoch
-        self._final_eval()
+        resume.validate_best(self)  # the returned metrics are best.pt's
         self.run_callbacks("on_train_end")  # results.png (loggers.py)
         hours = (time.time() - t_start) / 3600
         self.log(f"\n{epoch - self.start_epoch + 1} epochs completed in {hours:.3f} hours "
@@ -546,29 +545,4 @@ class Trainer:
 
     def save_model(self) -> None:
         """last.pt every time; best.pt when this epoch has the best fitness; epoch{N}.pt every save_period."""
-        # Each rank draws its own augmentations: rank 0's checkpoint holds every rank's RNG state, so that
-        # a resumed (or torchrun-restarted) group continues each stream where it stopped.
-        rng_ranks = gather_to_rank0(resume.rng_state(self)) if self.world_size > 1 else None
-        if not is_main_process():
-            return
-        ckpt = resume.trainer_checkpoint(self)
-        if rng_ranks is not None:
-            ckpt["rng_ranks"] = rng_ranks
-        ckpt_io.save_checkpoint(ckpt, self.last)
-        if self.best_epoch == self.epoch:
-            ckpt_io.save_checkpoint(ckpt, self.best)
-        if self.args.save_period > 0 and (self.epoch + 1) % self.args.save_period == 0:
-            ckpt_io.save_checkpoint(ckpt, self.wdir / f"epoch{self.epoch + 1}.pt")
-
-    def _final_eval(self) -> None:
-        """The returned metrics are best.pt's: validate it again unless it is the model just validated."""
-        if not is_main_process() or not self.best.exists() or self.best_epoch == self.epoch:
-            return
-        best = ckpt_io.load_checkpoint(self.best, map_location=self.device)
-        self.log(f"\nValidating {self.best} (epoch {best['epoch'] + 1})...")
-        ema_model = self.ema.ema
-        self.ema.ema = best["ema"].to(self.device)
-        try:
-            self.metrics, self.fitness = self.validate()
-        finally:
-            self.ema.ema = ema_model
+        resume.save_checkpoints(self)  # what a checkpoint holds, every rank's RNG streams: resume.py
