@@ -307,7 +307,8 @@ class Trainer:
         # (engine/distill.py); otherwise the model and criterion themselves.
         self.step_model, step_loss, extra = distill.train_step(
             self.model, self.criterion, a, self.data["names"], self.device, self.channels_last)
-        self.loss_names = self.loss_names[:3] + extra
+        # After the names a subclass appended before train() (its loss items); once, should setup run again.
+        self.loss_names += [n for n in extra if n not in self.loss_names]
         # DDP wrap, loss x world size, torch.compile (model + whole loss): yolofast/engine/compile.py
         self.train_model, self.train_loss = train_step_modules(self.step_model, step_loss, self.device,
                                                                a.compile, self.world_size)
