@@ -3,6 +3,8 @@ restores model/EMA/optimizer/scaler/scheduler/epoch/best fitness/RNG state and c
 
     ckpt = trainer_checkpoint(trainer)        # the dict save_checkpoint writes (last.pt, best.pt)
     restore(trainer, ckpt)                    # after _setup_train built everything: continue from it
+    save_checkpoints(trainer)                 # Trainer.save_model: last.pt, best.pt, epoch{N}.pt
+    validate_best(trainer)                    # at the end: the returned metrics are best.pt's
 """
 
 from __future__ import annotations
@@ -16,10 +18,17 @@ from tqdm import tqdm
 from yolofast.cfg import CfgError, get_cfg
 from yolofast.engine import checkpoint as ckpt_io
 from yolofast.engine import distill, elastic
-from yolofast.engine.distributed import all_gather_objects, is_main_process, restart_count, unwrap_model
+from yolofast.engine.distributed import (
+    all_gather_objects,
+    gather_to_rank0,
+    is_main_process,
+    restart_count,
+    unwrap_model,
+)
+from yolofast.engine.loader import close_mosaic
 
 __all__ = ["check_ranks_agree", "elastic_restart", "load_resume_args", "restore", "rng_state",
-           "trainer_checkpoint"]
+           "save_checkpoints", "trainer_checkpoint", "validate_best"]
 
 
 def load_resume_args(args, overrides: dict):
@@ -105,6 +114,37 @@ def trainer_checkpoint(t) -> dict:
     }
 
 
+def save_checkpoints(t) -> None:
+    """last.pt every time; best.pt when this epoch has the best fitness; epoch{N}.pt every save_period."""
+    # Each rank draws its own augmentations: rank 0's checkpoint holds every rank's RNG state, so that
+    # a resumed (or torchrun-restarted) group continues each stream where it stopped.
+    rng_ranks = gather_to_rank0(rng_state(t)) if t.world_size > 1 else None
+    if not is_main_process():
+        return
+    ckpt = trainer_checkpoint(t)
+    if rng_ranks is not None:
+        ckpt["rng_ranks"] = rng_ranks
+    ckpt_io.save_checkpoint(ckpt, t.last)
+    if t.best_epoch == t.epoch:
+        ckpt_io.save_checkpoint(ckpt, t.best)
+    if t.args.save_period > 0 and (t.epoch + 1) % t.args.save_period == 0:
+        ckpt_io.save_checkpoint(ckpt, t.wdir / f"epoch{t.epoch + 1}.pt")
+
+
+def validate_best(t) -> None:
+    """The returned metrics are best.pt's: validate it again unless it is the model just validated."""
+    if not is_main_process() or not t.best.exists() or t.best_epoch == t.epoch:
+        return
+    best = ckpt_io.load_checkpoint(t.best, map_location=t.device)
+    t.log(f"\nValidating {t.best} (epoch {best['epoch'] + 1})...")
+    ema_model = t.ema.ema
+    t.ema.ema = best["ema"].to(t.device)
+    try:
+        t.metrics, t.fitness = t.validate()
+    finally:
+        t.ema.ema = ema_model
+
+
 def restore(t, ckpt: dict) -> None:
     """Everything a resumed run needs to continue exactly as if it had never stopped."""
     t.start_epoch = ckpt["epoch"] + 1
@@ -119,7 +159,7 @@ def restore(t, ckpt: dict) -> None:
     t.train_time = ckpt.get("train_time", 0.0)
     closes_at = t.epochs - t.args.close_mosaic  # the loop's test; < 0 (a short run): never
     if t.args.close_mosaic and 0 <= closes_at < t.start_epoch:
-        t._close_mosaic()
+        close_mosaic(t.train_loader)
     rng = ckpt["rng"]
     if len(ckpt.get("rng_ranks") or ()) == t.world_size > 1:  # this rank's own streams (save_model)
         rng = ckpt["rng_ranks"][t.rank]

@@ -8,7 +8,8 @@ Reading order: ``train`` -> ``_setup_train`` (build everything) -> ``_do_train``
 -> ``train_batch`` (one step: forward, loss, backward, optimizer) -> ``validate`` / ``save_model`` (what
 happens at the end of an epoch). What a run shows and writes (progress bar, results.csv/png, gradient
 norms, ``profile=True``'s time split, TensorBoard) lives in ``loggers.py``, driven by the callback events;
-what a checkpoint holds and how resume restores it in ``resume.py``; device, seeds and precision in
+what a checkpoint holds, writing it and how resume restores it in ``resume.py``; the data loaders (and
+their rebuild at another batch size) in ``loader.py``; device, seeds and precision in
 ``device.py``; recovery (non-finite loss, out of memory) in ``recovery.py``, the CUDA-graph step in
 ``cudagraph.py``, AutoBatch in ``autobatch.py``.
 
@@ -48,8 +49,7 @@ from torch import nn
 from tqdm import tqdm
 
 from yolofast.cfg import DEFAULTS, CfgError, get_cfg, quantize_half
-from yolofast.engine import checkpoint as ckpt_io
-from yolofast.engine import cudagraph, distill, elastic, model_keys, optim, resume
+from yolofast.engine import distill, elastic, loader, model_keys, optim, resume
 from yolofast.engine.autobatch import autobatch, autobatch_gt, resolve_batch
 from yolofast.engine.callbacks import Callbacks, ValBatchEvents
 from yolofast.engine.compile import compile_mode, train_step_modules
@@ -60,7 +60,6 @@ from yolofast.engine.distributed import (
     barrier,
     broadcast_flag,
     destroy_distributed,
-    gather_to_rank0,
     get_rank,
     get_world_size,
     init_distributed,
@@ -233,38 +232,7 @@ class Trainer:
 
     def get_dataloader(self, img_path, batch_size: int = 16, mode: str = "train"):
         """A data loader over ``img_path``: augmented and shuffled for "train", plain for "val"."""
-        from yolofast.data import build_dataloader, build_dataset
-        from yolofast.data.loader import split_fraction
-
-        a = self.args
-        hyp = {k: getattr(a, k) for k in ("hsv_h", "hsv_s", "hsv_v", "degrees", "translate", "scale", "shear",
-                                           "perspective", "flipud", "fliplr", "mosaic", "mixup", "bgr",
-                                           "cutmix", "copy_paste")}
-        train = mode == "train"
-        stride = max(int(unwrap_model(self.model).stride.max()), 32) if hasattr(self, "model") else 32
-        # Ultralytics validates in rect batches (half a stride of padding): with map_convention=ultralytics
-        # to reproduce its numbers, or when rect=True asks for them.
-        rect = a.rect if train else (a.rect or a.map_convention == "ultralytics")
-        try:
-            fraction = split_fraction(a.fraction, "train" if train else a.split)
-        except ValueError as e:
-            raise CfgError(str(e)) from None
-        dataset = build_dataset(img_path, imgsz=a.imgsz, augment=train, hyp=hyp, stride=stride, cache=a.cache,
-                                prefix=f"{mode}: ", nc=self.data.get("label_nc", self.data["nc"]),
-                                single_cls=a.single_cls, fraction=fraction, rect=rect, batch_size=batch_size,
-                                pad=0.0 if train else 0.5)
-        rank = self.rank if train else -1  # validation runs on rank 0 over the whole split
-        return build_dataloader(dataset, batch_size, a.workers, shuffle=train and not rect, rank=rank,
-                                seed=a.seed, epoch_sampler=train,
-                                drop_last=train and self._static_batches(len(dataset), batch_size))
-
-    def _static_batches(self, n_images: int, batch_size: int) -> bool:
-        """Drop an epoch's short last batch when the step is compiled or graphed: a batch of another size
-        is one more compile (or an eager step beside the graph). The order is reshuffled every epoch, so
-        no image is left out for good."""
-        graphed = self.args.cuda_graph and self.device.type == cudagraph.GRAPH_DEVICE
-        static = compile_mode(self.args.compile)[0] or graphed
-        return static and n_images >= batch_size
+        return loader.build_loader(self, img_path, batch_size, mode)  # engine/loader.py
 
     def get_loss(self, model: nn.Module):
         """``loss(feats, batch) -> (total, items)``: DetectionLoss with the recipe's box/cls/dfl gains."""
@@ -339,7 +307,8 @@ class Trainer:
         # (engine/distill.py); otherwise the model and criterion themselves.
         self.step_model, step_loss, extra = distill.train_step(
             self.model, self.criterion, a, self.data["names"], self.device, self.channels_last)
-        self.loss_names += [n for n in extra if n not in self.loss_names]  # a subclass may add its own
+        # After the names a subclass appended before train() (its loss items); once, should setup run again.
+        self.loss_names += [n for n in extra if n not in self.loss_names]
         # DDP wrap, loss x world size, torch.compile (model + whole loss): yolofast/engine/compile.py
         self.train_model, self.train_loss = train_step_modules(self.step_model, step_loss, self.device,
                                                                a.compile, self.world_size)
@@ -390,11 +359,6 @@ class Trainer:
             del self._resume_state
         resume.check_ranks_agree(self)
 
-    def _close_mosaic(self) -> None:
-        ds = getattr(self.train_loader, "dataset", None)
-        if hasattr(ds, "close_mosaic"):
-            ds.close_mosaic()
-
     # ------------------------------------------------------------------ THE loop
     def _do_train(self) -> None:
         """DESIGN §4, in order. Per epoch: train mode, sampler epoch, close_mosaic; per batch: warmup,
@@ -421,12 +385,12 @@ class Trainer:
                 self.nw = optim.warmup_iters(a.warmup_epochs, self.epochs, self.nb)
             if a.close_mosaic and epoch == self.epochs - a.close_mosaic:
                 self.log("Closing dataloader mosaic")
-                self._close_mosaic()
+                loader.close_mosaic(self.train_loader)
             self.run_callbacks("on_train_epoch_start")
             self.nonfinite.snapshot()  # the last good state a run of non-finite losses falls back to
             self.tloss = None
             self.prof.reset()
-            for i, batch in self._epoch_batches():
+            for i, batch in loader.epoch_batches(self):  # goes on across an OOM halving
                 self.batch_i = i
                 self.run_callbacks("on_train_batch_start")
                 ni = i + self.nb * epoch  # iterations since the run began
@@ -486,7 +450,7 @@ class Trainer:
             if self.stop:
                 break
         self.epoch = epoch
-        self._final_eval()
+        resume.validate_best(self)  # the returned metrics are best.pt's
         self.run_callbacks("on_train_end")  # results.png (loggers.py)
         hours = (time.time() - t_start) / 3600
         self.log(f"\n{epoch - self.start_epoch + 1} epochs completed in {hours:.3f} hours "
@@ -575,73 +539,11 @@ class Trainer:
         self.run_callbacks("on_val_end")
         return metrics, float(fitness)
 
-    def _epoch_batches(self):
-        """(i, batch) over one epoch. When an out-of-memory halving replaces the loader mid-epoch, the rest
-        of the epoch comes from the new one (it starts where the old one failed), numbered in its batches."""
-        i, loader = 0, self.train_loader
-        self.epoch_images = 0  # images before the current batch: where a halved loader starts
-        while True:
-            for batch in loader:
-                yield i, batch
-                if self.train_loader is not loader:
-                    break
-                i += 1
-                self.epoch_images += batch["img"].shape[0]
-            else:
-                return
-            loader = self.train_loader
-            i = self.nb - len(loader)
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()  # hand the failed step's cached blocks back before the smaller one
-
     def rebuild_train_loader(self, batch_size: int, epoch: int, skip: int = 0) -> None:
         """A train loader over the same dataset at ``batch_size`` (per rank), starting ``skip`` images into
         ``epoch``'s order; batches per epoch, accumulation and warmup follow the new size."""
-        from yolofast.data import build_dataloader
-
-        a = self.args
-        ds = self.train_loader.dataset
-        self.train_loader = build_dataloader(ds, batch_size, a.workers,
-                                             shuffle=not getattr(ds, "rect", False),
-                                             rank=self.rank, seed=a.seed, epoch_sampler=True,
-                                             drop_last=self._static_batches(len(ds), batch_size))
-        self.train_loader.sampler.start_at(epoch, skip)
-        self.batch_size = batch_size
-        a.batch = batch_size * self.world_size
-        if getattr(self, "graph", None) is not None:
-            self.graph.disable(f"the batch size changed to {batch_size}")
-        self.nb = skip // batch_size + len(self.train_loader)
-        self.accumulate = optim.accumulate_steps(a.nbs, a.batch)
-        self.nw = optim.warmup_iters(a.warmup_epochs, self.epochs, self.nb)
-        if hasattr(self, "optimizer"):  # weight decay is sized for batch x accumulate (group 1: the weights)
-            decay = optim.scaled_weight_decay(a.weight_decay, a.batch, self.accumulate, a.nbs)
-            self.optimizer.param_groups[1]["weight_decay"] = decay
+        loader.rebuild_train_loader(self, batch_size, epoch, skip)  # engine/loader.py
 
     def save_model(self) -> None:
         """last.pt every time; best.pt when this epoch has the best fitness; epoch{N}.pt every save_period."""
-        # Each rank draws its own augmentations: rank 0's checkpoint holds every rank's RNG state, so that
-        # a resumed (or torchrun-restarted) group continues each stream where it stopped.
-        rng_ranks = gather_to_rank0(resume.rng_state(self)) if self.world_size > 1 else None
-        if not is_main_process():
-            return
-        ckpt = resume.trainer_checkpoint(self)
-        if rng_ranks is not None:
-            ckpt["rng_ranks"] = rng_ranks
-        ckpt_io.save_checkpoint(ckpt, self.last)
-        if self.best_epoch == self.epoch:
-            ckpt_io.save_checkpoint(ckpt, self.best)
-        if self.args.save_period > 0 and (self.epoch + 1) % self.args.save_period == 0:
-            ckpt_io.save_checkpoint(ckpt, self.wdir / f"epoch{self.epoch + 1}.pt")
-
-    def _final_eval(self) -> None:
-        """The returned metrics are best.pt's: validate it again unless it is the model just validated."""
-        if not is_main_process() or not self.best.exists() or self.best_epoch == self.epoch:
-            return
-        best = ckpt_io.load_checkpoint(self.best, map_location=self.device)
-        self.log(f"\nValidating {self.best} (epoch {best['epoch'] + 1})...")
-        ema_model = self.ema.ema
-        self.ema.ema = best["ema"].to(self.device)
-        try:
-            self.metrics, self.fitness = self.validate()
-        finally:
-            self.ema.ema = ema_model
+        resume.save_checkpoints(self)  # what a checkpoint holds, every rank's RNG streams: resume.py

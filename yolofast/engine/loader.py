@@ -1,0 +1,101 @@
+"""The trainer's data loaders: what ``Trainer.get_dataloader`` builds from the recipe, the train loader
+rebuilt at another batch size (AutoBatch, out-of-memory halving), and one epoch's batches across such a
+rebuild. Kept out of ``trainer.py`` so the loop reads top to bottom; the Trainer's hooks call these."""
+
+from __future__ import annotations
+
+import torch
+
+from yolofast.cfg import CfgError
+from yolofast.engine import cudagraph, optim
+from yolofast.engine.compile import compile_mode
+from yolofast.engine.distributed import unwrap_model
+
+__all__ = ["build_loader", "close_mosaic", "epoch_batches", "rebuild_train_loader", "static_batches"]
+
+_HYP = ("hsv_h", "hsv_s", "hsv_v", "degrees", "translate", "scale", "shear", "perspective", "flipud",
+        "fliplr", "mosaic", "mixup", "bgr", "cutmix", "copy_paste")
+
+
+def build_loader(t, img_path, batch_size: int, mode: str):
+    """A data loader over ``img_path``: augmented and shuffled for "train", plain for "val"."""
+    from yolofast.data import build_dataloader, build_dataset
+    from yolofast.data.loader import split_fraction
+
+    a = t.args
+    train = mode == "train"
+    stride = max(int(unwrap_model(t.model).stride.max()), 32) if hasattr(t, "model") else 32
+    # Ultralytics validates in rect batches (half a stride of padding): with map_convention=ultralytics
+    # to reproduce its numbers, or when rect=True asks for them.
+    rect = a.rect if train else (a.rect or a.map_convention == "ultralytics")
+    try:
+        fraction = split_fraction(a.fraction, "train" if train else a.split)
+    except ValueError as e:
+        raise CfgError(str(e)) from None
+    dataset = build_dataset(img_path, imgsz=a.imgsz, augment=train, hyp={k: getattr(a, k) for k in _HYP},
+                            stride=stride, cache=a.cache, prefix=f"{mode}: ",
+                            nc=t.data.get("label_nc", t.data["nc"]), single_cls=a.single_cls,
+                            fraction=fraction, rect=rect, batch_size=batch_size, pad=0.0 if train else 0.5)
+    rank = t.rank if train else -1  # validation runs on rank 0 over the whole split
+    return build_dataloader(dataset, batch_size, a.workers, shuffle=train and not rect, rank=rank,
+                            seed=a.seed, epoch_sampler=train,
+                            drop_last=train and static_batches(t, len(dataset), batch_size))
+
+
+def static_batches(t, n_images: int, batch_size: int) -> bool:
+    """Drop an epoch's short last batch when the step is compiled or graphed: a batch of another size
+    is one more compile (or an eager step beside the graph). The order is reshuffled every epoch, so
+    no image is left out for good."""
+    graphed = t.args.cuda_graph and t.device.type == cudagraph.GRAPH_DEVICE
+    static = compile_mode(t.args.compile)[0] or graphed
+    return static and n_images >= batch_size
+
+
+def rebuild_train_loader(t, batch_size: int, epoch: int, skip: int = 0) -> None:
+    """A train loader over the same dataset at ``batch_size`` (per rank), starting ``skip`` images into
+    ``epoch``'s order; batches per epoch, accumulation and warmup follow the new size."""
+    from yolofast.data import build_dataloader
+
+    a = t.args
+    ds = t.train_loader.dataset
+    t.train_loader = build_dataloader(ds, batch_size, a.workers, shuffle=not getattr(ds, "rect", False),
+                                      rank=t.rank, seed=a.seed, epoch_sampler=True,
+                                      drop_last=static_batches(t, len(ds), batch_size))
+    t.train_loader.sampler.start_at(epoch, skip)
+    t.batch_size = batch_size
+    a.batch = batch_size * t.world_size
+    if getattr(t, "graph", None) is not None:
+        t.graph.disable(f"the batch size changed to {batch_size}")
+    t.nb = skip // batch_size + len(t.train_loader)
+    t.accumulate = optim.accumulate_steps(a.nbs, a.batch)
+    t.nw = optim.warmup_iters(a.warmup_epochs, t.epochs, t.nb)
+    if hasattr(t, "optimizer"):  # weight decay is sized for batch x accumulate (group 1: the weights)
+        t.optimizer.param_groups[1]["weight_decay"] = optim.scaled_weight_decay(a.weight_decay, a.batch,
+                                                                                t.accumulate, a.nbs)
+
+
+def epoch_batches(t):
+    """(i, batch) over one epoch. When an out-of-memory halving replaces the loader mid-epoch, the rest
+    of the epoch comes from the new one (it starts where the old one failed), numbered in its batches."""
+    i, loader = 0, t.train_loader
+    t.epoch_images = 0  # images before the current batch: where a halved loader starts
+    while True:
+        for batch in loader:
+            yield i, batch
+            if t.train_loader is not loader:
+                break
+            i += 1
+            t.epoch_images += batch["img"].shape[0]
+        else:
+            return
+        loader = t.train_loader
+        i = t.nb - len(loader)
+        if t.device.type == "cuda":
+            torch.cuda.empty_cache()  # hand the failed step's cached blocks back before the smaller one
+
+
+def close_mosaic(loader) -> None:
+    """The last ``close_mosaic`` epochs train without mosaic (when the loader's dataset has one)."""
+    ds = getattr(loader, "dataset", None)
+    if hasattr(ds, "close_mosaic"):
+        ds.close_mosaic()
