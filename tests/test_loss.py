@@ -196,3 +196,26 @@ def test_kernel_path_equals_reference_path(op_backend, case):
         assert a.dtype == b.dtype == feats[0].dtype and a.shape == b.shape
         tol = 2e-2 if case == "bf16" else 1e-5
         torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol * float(b.abs().max()) + 1e-12)
+
+
+def test_stages_are_the_call_and_the_reference_assignment():
+    """``stages`` (what the doctor reads) is the computation ``__call__`` returns, and its assigner outputs
+    are the reference assigner's on the sigmoid scores and decoded boxes of the same maps."""
+    from yolofast.boxes import make_anchors
+    from yolofast.ops.bbox_loss import maps_to_rows
+
+    crit = DetectionLoss(NC)
+    feats, batch = make_feats(), make_batch()
+    st = crit.stages(feats, batch)
+    total, items = crit(feats, batch)
+    torch.testing.assert_close(st.items.detach(), items, rtol=0, atol=0)
+    torch.testing.assert_close(total, st.items.sum() * 2, rtol=0, atol=0)
+    assert st.items.requires_grad and st.img_wh == (64.0, 64.0)
+    pd, ps = maps_to_rows([f.detach() for f in feats], R)
+    anc, stride = make_anchors(feats, (8, 16, 32), 0.5)
+    pd_bboxes = bbox_decode(pd, anc) * stride
+    torch.testing.assert_close(st.pd_bboxes, pd_bboxes, rtol=1e-6, atol=1e-4)
+    ref = tal_assign_ref(ps.sigmoid(), st.pd_bboxes, st.anc_px, st.gt_cls, st.gt_xyxy, st.gt_mask)
+    assert torch.equal(st.fg_mask, ref[3]) and torch.equal(st.target_gt_idx, ref[4])
+    torch.testing.assert_close(st.target_scores, ref[2], rtol=1e-6, atol=1e-10)
+    assert st.fg_mask.sum() > 0

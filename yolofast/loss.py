@@ -2,16 +2,39 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from yolofast.boxes import make_anchors, xywh2xyxy
-from yolofast.ops import bbox_loss_maps, head_decode, tal_assign
+from yolofast.ops import bbox_loss_maps, head_decode, tal_assign_maps
 
 
 def _pad_targets(batch_idx, cls, bboxes, batch_size: int):
     from yolofast.data.collate import pad_targets
 
     return pad_targets(batch_idx, cls, bboxes, batch_size)
+
+
+class LossStages(NamedTuple):
+    """One ``DetectionLoss`` evaluation, stage by stage (``DetectionLoss.stages``; the doctor reads them).
+
+    items (3,) ``[box*L_box, cls*L_cls, dfl*L_dfl]``, differentiable, no batch factor; the assigner's
+    fg_mask (B, A) bool, target_gt_idx (B, A) and target_scores (B, A, nc); its inputs: the padded targets
+    gt_cls (B, M, 1), gt_xyxy (B, M, 4) pixels, gt_mask (B, M, 1), the decoded pd_bboxes (B, A, 4) pixels
+    and the anchor centres anc_px (A, 2) pixels; img_wh the image size in pixels.
+    """
+
+    items: torch.Tensor
+    fg_mask: torch.Tensor
+    target_gt_idx: torch.Tensor
+    target_scores: torch.Tensor
+    gt_cls: torch.Tensor
+    gt_xyxy: torch.Tensor
+    gt_mask: torch.Tensor
+    pd_bboxes: torch.Tensor
+    anc_px: torch.Tensor
+    img_wh: tuple[float, float]
 
 
 class DetectionLoss:
@@ -93,6 +116,11 @@ class DetectionLoss:
         return out
 
     def __call__(self, feats, batch: dict):
+        st = self.stages(feats, batch)
+        return st.items.sum() * feats[0].shape[0], st.items.detach()
+
+    def stages(self, feats, batch: dict) -> LossStages:
+        """The loss of ``__call__`` with what led to it: targets, decoded boxes, the assigner's outputs."""
         if len(feats) != len(self.strides):
             raise ValueError(f"DetectionLoss: got {len(feats)} feature maps for strides {self.strides}")
         feats = [f.float() for f in feats]
@@ -102,26 +130,20 @@ class DetectionLoss:
                 f"DetectionLoss: feature maps have {ch} channels, expected 4*reg_max + nc = {self.no} "
                 f"(reg_max={self.reg_max}, nc={self.nc}); build the loss with the model's nc"
             )
-        # The maps go to the ops as they are: on the CPU default (C++) the decode + sigmoid for the
-        # assigner and the fused loss read them in place, and the loss's gradients come back in the maps'
-        # layout (in the b8/640/50-GT step the cat into (B, A, .) and back in backward was 27 ms of 110).
-        # Other backends get one cat per map inside the wrappers (bbox_loss.maps_to_rows).
+        # The maps go to the ops as they are: on the CPU default (C++) the box decode, the assigner (which
+        # takes the sigmoid of a candidate's class logit only) and the fused loss read them in place, and
+        # the loss's gradients come back in the maps' layout (in the b8/640/50-GT step the cat into
+        # (B, A, .) and back in backward was 27 ms of 110; the sigmoid of all B*A*C scores for the
+        # assigner ~7 ms of the b16/320 step on AVX2). Other backends cat inside the wrappers.
         anchor_points, stride_tensor, anc_px, scale, gains = self._anchors(feats)
         gt_cls, gt_bboxes, gt_mask = self._targets(batch, bsz, feats[0].device)
         gt_xyxy = xywh2xyxy(gt_bboxes * scale)
 
         with torch.no_grad():
-            pd_scores, pd_bboxes = head_decode(feats, self.strides, self.reg_max)
-            _, target_bboxes, target_scores, fg_mask, _ = tal_assign(
-                pd_scores,
-                pd_bboxes,
-                anc_px,
-                gt_cls,
-                gt_xyxy,
-                gt_mask,
-                self.topk,
-                self.alpha,
-                self.beta,
+            _, pd_bboxes = head_decode(feats, self.strides, self.reg_max, scores=False)
+            _, target_bboxes, target_scores, fg_mask, gt_idx = tal_assign_maps(
+                feats, pd_bboxes, anc_px, gt_cls, gt_xyxy, gt_mask, self.topk, self.alpha, self.beta,
+                reg_max=self.reg_max,
             )
         losses = bbox_loss_maps(
             feats, anchor_points, target_bboxes / stride_tensor, target_scores, fg_mask, self.reg_max
@@ -129,8 +151,8 @@ class DetectionLoss:
         if self.class_weights is not None:
             lcls = self._weighted_cls(feats, target_scores)
             losses = torch.stack((losses[0], lcls, losses[2]))  # the fused class term gets no gradient
-        items = losses * gains
-        return items.sum() * bsz, items.detach()
+        return LossStages(losses * gains, fg_mask, gt_idx, target_scores, gt_cls, gt_xyxy, gt_mask, pd_bboxes,
+                          anc_px, (feats[0].shape[3] * self.strides[0], feats[0].shape[2] * self.strides[0]))
 
     def _weighted_cls(self, feats, target_scores):
         """sum_c w_c * BCE(logits, target_scores) / max(sum target_scores, 1): the fused L_cls, weighted."""

@@ -5,6 +5,8 @@
 // with A = sum H_i*W_i (level by level, pixel h*W_i + w), the anchor of pixel (h, w) at ((w + 0.5)*s,
 // (h + 0.5)*s) and the box (ax - l, ay - t, ax + r, ay + b)*s from the DFL expectation of each side
 // (softmax over the R bins, bin values 0..R-1), as reference.bbox_decode(...) * stride. No gradient.
+// yolofast::head_decode.boxes(feats, strides, reg_max) -> pd_bboxes alone (the loss's assigner reads the
+// class logits from the maps itself: tal_assign.maps).
 // This replaces cat + transpose of the maps, a softmax, a matmul and a sigmoid over (B, A, .) tensors by
 // one pass over the maps; vectorised along the pixels (contiguous in a map), one pixel per lane.
 
@@ -40,7 +42,6 @@ void decode_block(const T* map, int64_t sb, int64_t sc, int64_t Wd, int64_t i0, 
   // the sigmoid rows): one read stream at a time. Walking all 4R + C = 144 rows per vector instead was
   // ~5x slower than a plain sigmoid: more concurrent streams than the hardware prefetchers follow.
   alignas(64) T mx[kDecodeBlock], sum[kDecodeBlock], ex[kDecodeBlock], ltrb[4][kDecodeBlock];
-  std::vector<T> tile(static_cast<size_t>(C * kDecodeBlock));
   const int64_t n = i1 - i0;
   const T* base = map + sb + i0;
   auto rows = [&](auto&& body) {  // body(i, cnt) over the block's vectors
@@ -65,12 +66,6 @@ void decode_block(const T* map, int64_t sb, int64_t sc, int64_t Wd, int64_t i0, 
       });
     rows([&](int64_t i, int cnt) { (V::loadu(ex + i, cnt) / V::loadu(sum + i, cnt)).store(ltrb[k] + i, cnt); });
   }
-  const V one(T(1));
-  for (int64_t c = 0; c < C; ++c) {
-    const T* x = base + (4 * R + c) * sc;
-    T* tc = tile.data() + c * kDecodeBlock;
-    rows([&](int64_t i, int cnt) { (one / (one + V::loadu(x + i, cnt).neg().exp_u20())).store(tc + i, cnt); });
-  }
   for (int64_t i = 0; i < n; ++i) {
     const int64_t p = i0 + i;
     const T ax = (T(p % Wd) + T(0.5)) * stride, ay = (T(p / Wd) + T(0.5)) * stride;
@@ -79,13 +74,24 @@ void decode_block(const T* map, int64_t sb, int64_t sc, int64_t Wd, int64_t i0, 
     bo[1] = ay - ltrb[1][i] * stride;
     bo[2] = ax + ltrb[2][i] * stride;
     bo[3] = ay + ltrb[3][i] * stride;
+  }
+  if (scores_out == nullptr) return;  // head_decode.boxes
+  std::vector<T> tile(static_cast<size_t>(C * kDecodeBlock));
+  const V one(T(1));
+  for (int64_t c = 0; c < C; ++c) {
+    const T* x = base + (4 * R + c) * sc;
+    T* tc = tile.data() + c * kDecodeBlock;
+    rows([&](int64_t i, int cnt) { (one / (one + V::loadu(x + i, cnt).neg().exp_u20())).store(tc + i, cnt); });
+  }
+  for (int64_t i = 0; i < n; ++i) {
     T* so = scores_out + i * C;
     for (int64_t c = 0; c < C; ++c) so[c] = tile[c * kDecodeBlock + i];
   }
 }
 
-std::tuple<at::Tensor, at::Tensor> head_decode_cpu(at::TensorList feats, at::ArrayRef<double> strides,
-                                                   int64_t reg_max) {
+// Both entry points: scores (B, A, C) when with_scores, else an undefined tensor.
+std::tuple<at::Tensor, at::Tensor> decode(at::TensorList feats, at::ArrayRef<double> strides, int64_t reg_max,
+                                          bool with_scores) {
   bool f64 = false;
   const auto maps = yolofast_checks::head_maps(feats, reg_max, kMaxRegMax, "yolofast::head_decode", f64);
   TORCH_CHECK(strides.size() == maps.size(), "yolofast::head_decode: got ", maps.size(), " maps but ",
@@ -95,10 +101,10 @@ std::tuple<at::Tensor, at::Tensor> head_decode_cpu(at::TensorList feats, at::Arr
   int64_t A = 0;
   for (const auto& m : maps) a0s.push_back(A), A += m.size(2) * m.size(3);
   const auto opt = maps[0].options();
-  auto scores = at::empty({B, A, C}, opt);
+  auto scores = with_scores ? at::empty({B, A, C}, opt) : at::Tensor();
   auto boxes = at::empty({B, A, 4}, opt);
   if (poison_outputs()) {
-    scores.fill_(std::numeric_limits<double>::quiet_NaN());
+    if (with_scores) scores.fill_(std::numeric_limits<double>::quiet_NaN());
     boxes.fill_(std::numeric_limits<double>::quiet_NaN());
   }
   struct Blk {
@@ -113,7 +119,7 @@ std::tuple<at::Tensor, at::Tensor> head_decode_cpu(at::TensorList feats, at::Arr
     }
   auto go = [&](auto zero) {
     using T = decltype(zero);
-    T* sp = scores.mutable_data_ptr<T>();
+    T* sp = with_scores ? scores.mutable_data_ptr<T>() : nullptr;
     T* bp = boxes.mutable_data_ptr<T>();
     at::parallel_for(0, static_cast<int64_t>(blocks.size()), 1, [&](int64_t k0, int64_t k1) {
       note_thread();
@@ -122,7 +128,7 @@ std::tuple<at::Tensor, at::Tensor> head_decode_cpu(at::TensorList feats, at::Arr
         const auto& m = maps[bl.l];
         const int64_t a = bl.b * A + a0s[bl.l] + bl.i0;
         decode_block<T>(m.const_data_ptr<T>(), bl.b * m.stride(0), m.stride(1), m.size(3), bl.i0, bl.i1,
-                        static_cast<int>(reg_max), C, static_cast<T>(strides[bl.l]), sp + a * C, bp + a * 4);
+                        static_cast<int>(reg_max), C, static_cast<T>(strides[bl.l]), sp ? sp + a * C : nullptr, bp + a * 4);
       }
     });
   };
@@ -133,8 +139,21 @@ std::tuple<at::Tensor, at::Tensor> head_decode_cpu(at::TensorList feats, at::Arr
   return {scores, boxes};
 }
 
+std::tuple<at::Tensor, at::Tensor> head_decode_cpu(at::TensorList feats, at::ArrayRef<double> strides,
+                                                   int64_t reg_max) {
+  return decode(feats, strides, reg_max, true);
+}
+
+// head_decode.boxes: the boxes alone, for the assigner's tal_assign.maps (which reads the logits itself).
+at::Tensor head_decode_boxes_cpu(at::TensorList feats, at::ArrayRef<double> strides, int64_t reg_max) {
+  return std::get<1>(decode(feats, strides, reg_max, false));
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(yolofast, CPU, m) { m.impl("head_decode", &head_decode_cpu); }
+TORCH_LIBRARY_IMPL(yolofast, CPU, m) {
+  m.impl("head_decode", &head_decode_cpu);
+  m.impl("head_decode.boxes", &head_decode_boxes_cpu);
+}
 
 }  // namespace yolofast

@@ -140,14 +140,41 @@ void build_index(CellIndex& ix, const Box<T>* wide, const bool* real, int64_t M,
         ix.gts[fill[cy * ix.g + cx]++] = static_cast<int32_t>(m);
 }
 
+// The assigner's score of anchor ba = b*A + a for class c, read from (B, A, C) probabilities as given.
 template <typename T>
-void assign(const at::Tensor& scores_t, const at::Tensor& pbox_t, const at::Tensor& anc_t,
-            const at::Tensor& labels_t, const at::Tensor& gt_t, const at::Tensor& real_t,
+struct ProbScores {
+  const T* p;
+  int64_t C;
+  T operator()(int64_t ba, int64_t c) const { return p[ba * C + c]; }
+};
+
+// The same score from the head's class logits where they lie (level l: map (B, 4R + C, H_l, W_l), pixel
+// a - a0[l]), through the sigmoid: only the candidates' scores are ever computed (b16/320: ~20k of the
+// 2.7M that a sigmoid of every logit costs, 9.4 ms -> ~2 ms for the decode that feeds this on AVX2).
+// The sigmoid is evaluated in double and rounded once: within an ulp of torch.sigmoid's float result.
+template <typename T>
+struct MapLogits {
+  static constexpr int kMaxLevels = 8;
+  const T* cls[kMaxLevels];  // channel 4R of image 0
+  int64_t sb[kMaxLevels], sc[kMaxLevels], a0[kMaxLevels + 1];
+  int levels = 0;
+  int64_t A = 0;
+  T operator()(int64_t ba, int64_t c) const {
+    const int64_t b = ba / A, a = ba % A;
+    int l = 0;
+    while (l + 1 < levels && a >= a0[l + 1]) ++l;
+    const double x = static_cast<double>(cls[l][b * sb[l] + c * sc[l] + (a - a0[l])]);
+    return static_cast<T>(1.0 / (1.0 + std::exp(-x)));
+  }
+};
+
+template <typename T, typename Scores>
+void assign(const Scores& score, int64_t B, int64_t A, int64_t C, const at::Tensor& pbox_t,
+            const at::Tensor& anc_t, const at::Tensor& labels_t, const at::Tensor& gt_t, const at::Tensor& real_t,
             const at::Tensor& pd_atan_t, const at::Tensor& gt_atan_t, int64_t topk,
             double alpha, double beta, double eps, at::Tensor& out_labels, at::Tensor& out_boxes,
             at::Tensor& out_scores, at::Tensor& out_fg, at::Tensor& out_idx) {
-  const int64_t B = scores_t.size(0), A = scores_t.size(1), C = scores_t.size(2), M = gt_t.size(1);
-  const T* scores = scores_t.data_ptr<T>();
+  const int64_t M = gt_t.size(1);
   const T* pbox = pbox_t.data_ptr<T>();
   const T* anc = anc_t.data_ptr<T>();
   const int64_t* labels = labels_t.data_ptr<int64_t>();
@@ -205,7 +232,7 @@ void assign(const at::Tensor& scores_t, const at::Tensor& pbox_t, const at::Tens
     const int64_t b = i / M;
     const GtTerms<T>& g = terms[i];
     const Box<T>& e = wide[i];
-    const T* sc = scores + b * A * C + lab_c[i];
+    const int64_t lab = lab_c[i], ba0 = b * A;
     const T* pb = pbox + b * A * 4;
     const T* pa = pd_atan + b * A;
     Pick<T>* buf = picks.data() + i * k;
@@ -215,7 +242,7 @@ void assign(const at::Tensor& scores_t, const at::Tensor& pbox_t, const at::Tens
       // ciou <= ub <= 0 -> overlap 0 -> align 0: never picked. Exact, so no tie can change. (A NaN ub is
       // not pruned: the reference's NaN align outranks everything and takes a top-k slot.)
       if (P.prune && c.proper && ub <= T(0)) return;
-      const T s_pow = pow_like_torch(sc[a * C], P.alpha, P.pow);
+      const T s_pow = pow_like_torch(score(ba0 + a, lab), P.alpha, P.pow);
       if (P.prune && c.proper && n == k) {
         // Strictly below the k-th best even at overlap = ub: skip the CIoU tail and the pow. A later anchor
         // loses ties, so "<" is all that needs excluding.
@@ -348,7 +375,7 @@ void assign(const at::Tensor& scores_t, const at::Tensor& pbox_t, const at::Tens
       const int64_t i = b * M + best;
       gt_of[ba] = static_cast<int32_t>(best);
       overlap_of[ba] = best_ov;
-      const T s_pow = pow_like_torch(scores[ba * C + lab_c[i]], P.alpha, P.pow);
+      const T s_pow = pow_like_torch(score(ba, lab_c[i]), P.alpha, P.pow);
       align_of[ba] = s_pow * pow_like_torch(best_ov, P.beta, P.pow);
     }
   });
@@ -398,25 +425,15 @@ at::Tensor aspect_atan(const at::Tensor& box) {
   return out;
 }
 
-Outputs tal_assign_cpu(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
-                       const at::Tensor& gt_labels, const at::Tensor& gt_bboxes, const at::Tensor& mask_gt,
-                       int64_t topk, double alpha, double beta, double eps) {
-  yolofast_checks::tal_assign_shapes(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk);
-  const int64_t B = pd_scores.size(0), A = pd_scores.size(1), C = pd_scores.size(2), M = gt_bboxes.size(1);
-  if (M == 0) {  // no GT slot at all: everything is background of class C (DESIGN §2.1 step 6)
-    return {at::full({B, A}, C, pd_scores.options().dtype(at::kLong)),
-            at::zeros({B, A, 4}, gt_bboxes.options()), at::zeros({B, A, C}, pd_scores.options()),
-            at::zeros({B, A}, pd_scores.options().dtype(at::kBool)),
-            at::zeros({B, A}, pd_scores.options().dtype(at::kLong))};
-  }
-  const auto in =
-      yolofast_checks::tal_assign_inputs(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt);
-  const bool f64 = in.f64;
-  const auto ct = in.scores.scalar_type();
-  const at::Tensor &scores = in.scores, &pbox = in.pbox, &anc = in.anc, &gt = in.gt, &labels = in.labels,
-                   &real = in.real;
-
-  auto opts = pd_scores.options();
+// Everything after the score source: allocates the outputs in the compute type, runs assign, casts back.
+// make_scores(T) -> the score reader for compute type T; out_dtype: the dtype of target_scores.
+template <typename MakeScores>
+Outputs run(const MakeScores& make_scores, bool f64, int64_t B, int64_t A, int64_t C, const at::Tensor& pbox,
+            const at::Tensor& anc, const at::Tensor& labels, const at::Tensor& gt, const at::Tensor& real,
+            const at::Tensor& gt_bboxes, at::ScalarType out_dtype, int64_t topk, double alpha, double beta,
+            double eps) {
+  const auto ct = f64 ? at::kDouble : at::kFloat;
+  auto opts = pbox.options();
   at::Tensor o_lab = at::empty({B, A}, opts.dtype(at::kLong));
   at::Tensor o_box = at::empty({B, A, 4}, opts.dtype(ct));
   at::Tensor o_sc = at::empty({B, A, C}, opts.dtype(ct));
@@ -425,14 +442,80 @@ Outputs tal_assign_cpu(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes,
   const at::Tensor pd_atan = f64 ? aspect_atan<double>(pbox) : aspect_atan<float>(pbox);
   const at::Tensor gt_atan = f64 ? aspect_atan<double>(gt) : aspect_atan<float>(gt);
   if (f64)
-    assign<double>(scores, pbox, anc, labels, gt, real, pd_atan, gt_atan, topk, alpha, beta, eps, o_lab,
-                   o_box, o_sc, o_fg, o_idx);
+    assign<double>(make_scores(double(0)), B, A, C, pbox, anc, labels, gt, real, pd_atan, gt_atan, topk, alpha,
+                   beta, eps, o_lab, o_box, o_sc, o_fg, o_idx);
   else
-    assign<float>(scores, pbox, anc, labels, gt, real, pd_atan, gt_atan, topk, alpha, beta, eps, o_lab,
-                  o_box, o_sc, o_fg, o_idx);
+    assign<float>(make_scores(float(0)), B, A, C, pbox, anc, labels, gt, real, pd_atan, gt_atan, topk, alpha,
+                  beta, eps, o_lab, o_box, o_sc, o_fg, o_idx);
   // Casting back is exact for the boxes (they came from gt_bboxes) and rounds the scores once, like the
   // reference's final .to(pd_scores.dtype).
-  return {o_lab, o_box.to(gt_bboxes.scalar_type()), o_sc.to(pd_scores.scalar_type()), o_fg, o_idx};
+  return {o_lab, o_box.to(gt_bboxes.scalar_type()), o_sc.to(out_dtype), o_fg, o_idx};
+}
+
+// DESIGN §2.1 step 6: no GT slot at all, everything is background of class C.
+Outputs no_gt_slots(int64_t B, int64_t A, int64_t C, const at::Tensor& gt_bboxes, at::ScalarType score_dtype) {
+  const auto opt = gt_bboxes.options();
+  return {at::full({B, A}, C, opt.dtype(at::kLong)), at::zeros({B, A, 4}, opt),
+          at::zeros({B, A, C}, opt.dtype(score_dtype)), at::zeros({B, A}, opt.dtype(at::kBool)),
+          at::zeros({B, A}, opt.dtype(at::kLong))};
+}
+
+Outputs tal_assign_cpu(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
+                       const at::Tensor& gt_labels, const at::Tensor& gt_bboxes, const at::Tensor& mask_gt,
+                       int64_t topk, double alpha, double beta, double eps) {
+  yolofast_checks::tal_assign_shapes(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk);
+  const int64_t B = pd_scores.size(0), A = pd_scores.size(1), C = pd_scores.size(2), M = gt_bboxes.size(1);
+  if (M == 0) return no_gt_slots(B, A, C, gt_bboxes, pd_scores.scalar_type());
+  const auto in =
+      yolofast_checks::tal_assign_inputs(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt);
+  const at::Tensor& scores = in.scores;
+  auto make = [&](auto zero) {
+    using T = decltype(zero);
+    return ProbScores<T>{scores.const_data_ptr<T>(), C};
+  };
+  return run(make, in.f64, B, A, C, in.pbox, in.anc, in.labels, in.gt, in.real, gt_bboxes,
+             pd_scores.scalar_type(), topk, alpha, beta, eps);
+}
+
+// tal_assign.maps: the scores are sigmoid(class logits) read from the head's maps in place (see MapLogits);
+// otherwise the same as tal_assign on maps_to_rows(feats)[1].sigmoid(). target_scores has the maps'
+// promoted dtype, as that (B, A, C) tensor would.
+Outputs tal_assign_maps_cpu(at::TensorList feats, int64_t reg_max, const at::Tensor& pd_bboxes,
+                            const at::Tensor& anc_points, const at::Tensor& gt_labels, const at::Tensor& gt_bboxes,
+                            const at::Tensor& mask_gt, int64_t topk, double alpha, double beta, double eps) {
+  bool maps_f64 = false;
+  // No fixed per-bin arrays here: any reg_max >= 2 will do.
+  auto maps = yolofast_checks::head_maps(feats, reg_max, std::numeric_limits<int32_t>::max(),
+                                         "yolofast::tal_assign.maps", maps_f64);
+  TORCH_CHECK(maps.size() <= static_cast<size_t>(MapLogits<float>::kMaxLevels), "yolofast::tal_assign.maps: at most ",
+              MapLogits<float>::kMaxLevels, " maps, got ", maps.size());
+  const int64_t B = feats[0].size(0), C = feats[0].size(1) - 4 * reg_max;
+  int64_t A = 0;
+  at::ScalarType out_dtype = feats[0].scalar_type();
+  for (const auto& f : feats) A += f.size(2) * f.size(3), out_dtype = at::promote_types(out_dtype, f.scalar_type());
+  yolofast_checks::tal_assign_shapes(at::empty_strided({B, A, C}, {0, 0, 0}, feats[0].options()), pd_bboxes,
+                                     anc_points, gt_labels, gt_bboxes, mask_gt, topk);
+  const int64_t M = gt_bboxes.size(1);
+  if (M == 0) return no_gt_slots(B, A, C, gt_bboxes, out_dtype);
+  // The compute type as tal_assign's: float64 when the scores (here the maps), pred or GT boxes are.
+  const auto in = yolofast_checks::tal_assign_inputs(
+      at::empty_strided({B, A, C}, {0, 0, 0}, feats[0].options().dtype(maps_f64 ? at::kDouble : at::kFloat)),
+      pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt);
+  for (auto& m : maps) m = m.to(in.f64 ? at::kDouble : at::kFloat);
+  auto make = [&](auto zero) {
+    using T = decltype(zero);
+    MapLogits<T> s;
+    s.levels = static_cast<int>(maps.size()), s.A = A, s.a0[0] = 0;
+    for (int l = 0; l < s.levels; ++l) {
+      const auto& m = maps[l];
+      s.cls[l] = m.const_data_ptr<T>() + 4 * reg_max * m.stride(1);
+      s.sb[l] = m.stride(0), s.sc[l] = m.stride(1);
+      s.a0[l + 1] = s.a0[l] + m.size(2) * m.size(3);
+    }
+    return s;
+  };
+  return run(make, in.f64, B, A, C, in.pbox, in.anc, in.labels, in.gt, in.real, gt_bboxes, out_dtype, topk, alpha,
+             beta, eps);
 }
 
 }  // namespace
@@ -441,4 +524,5 @@ Outputs tal_assign_cpu(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes,
 
 TORCH_LIBRARY_IMPL(yolofast, CPU, m) {
   m.impl("tal_assign", &yolofast::tal::tal_assign_cpu);
+  m.impl("tal_assign.maps", &yolofast::tal::tal_assign_maps_cpu);
 }

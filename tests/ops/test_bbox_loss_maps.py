@@ -263,3 +263,25 @@ def test_kernels_are_built_with_simd(lib):
         assert bits in (256, 512)
         if bits == 512:  # only when the CPU has all four AVX-512 subsets
             assert {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= flags
+
+
+def test_head_decode_boxes_alone(lib):
+    """head_decode.boxes (the loss's decode: its assigner reads the logits itself) gives head_decode's boxes
+    bit for bit, in both dtypes and on strided maps; the public wrapper's scores=False agrees on both
+    backends."""
+    from yolofast.ops import head_decode
+
+    feats, *_ = make_maps(2, 7, [(9, 7), (5, 4), (3, 2)], 21, reg_max=16)
+    for fs in (feats, [f.double() for f in feats], [f.to(memory_format=torch.channels_last) for f in feats]):
+        _, want = lib.head_decode(fs, (8, 16, 32), 16)
+        got = torch.ops.yolofast.head_decode.boxes(fs, [8.0, 16.0, 32.0], 16)
+        assert got.dtype == want.dtype and torch.equal(got, want)
+    for name in ("cpp", "ref"):
+        with backend(name):
+            s, b = head_decode(feats, (8, 16, 32), 16, scores=False)
+        assert s is None
+        if name == "cpp":
+            assert torch.equal(b, want)
+        else:
+            torch.testing.assert_close(b, want, rtol=1e-6, atol=1e-4)
+    torch.library.opcheck(torch.ops.yolofast.head_decode.boxes, (feats, [8.0, 16.0, 32.0], 16))

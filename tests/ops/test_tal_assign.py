@@ -391,3 +391,84 @@ def test_dense_scene_matches_reference(op):
 def test_reference_module_is_the_spec():
     # Guards the assumptions the kernel's comments cite (small-side widening to 16 px).
     assert reference.SMALL_GT_SIDE == 16.0
+
+
+# ------------------------------------------------------------------- tal_assign.maps: logits from the maps
+def logit_maps(seed, scene, reg_max=4, strides=(8, 16, 32), imgsz=640, dtype=torch.float32):
+    """Class logits (B, A, C) of the scene's shape as head maps (B, 4*reg_max + C, H, W), level by level
+    (box channels random: the assigner does not read them), and the logits themselves."""
+    B, A, C = scene[0].shape
+    g = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(B, A, C, generator=g, dtype=torch.float64) * 3 - 2).to(dtype)
+    maps, a0 = [], 0
+    for s in strides:
+        h = w = imgsz // s
+        cls = logits[:, a0:a0 + h * w].transpose(1, 2).reshape(B, C, h, w)
+        box = torch.randn(B, 4 * reg_max, h, w, generator=g, dtype=torch.float64).to(dtype)
+        maps.append(torch.cat((box, cls), 1))
+        a0 += h * w
+    assert a0 == A
+    return maps, logits
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_maps_logits_match_reference_on_sigmoid(op, seed):
+    """The overload that reads the class logits from the maps gives the reference's outputs on their
+    sigmoid: integers and boxes exact, scores to the usual tolerance."""
+    dtype = torch.float64 if seed == 7 else torch.float32
+    scene = random_scene(200 + seed, B=2, M=(3, 20, 60, 150)[seed % 4], pad=seed % 2 == 0, dtype=dtype)
+    maps, logits = logit_maps(seed, scene, dtype=dtype)
+    _, pd, anc, labels, gt, mask = scene
+    ref = tal_assign_ref(logits.sigmoid(), pd, anc, labels, gt, mask, topk=TOPK, alpha=ALPHA, beta=BETA, eps=EPS)
+    out = torch.ops.yolofast.tal_assign.maps(maps, 4, pd, anc, labels, gt, mask, TOPK, ALPHA, BETA, EPS)
+    assert_same(ref, out)
+    assert ref[3].sum() > 0
+
+
+def test_maps_logits_edge_cases(op):
+    """Saturated and infinite logits, strided (channels_last) maps, no GT slot, thread-count independence,
+    and the public wrapper on both backends. (NaN scores are left out: tal_assign on probabilities does not
+    rank a NaN align as the reference's sort does either; a NaN logit means the model has diverged.)"""
+    from yolofast import ops
+
+    scene = random_scene(300, B=2, M=40, pad=False)
+    maps, logits = logit_maps(3, scene)
+    _, pd, anc, labels, gt, mask = scene
+    g = torch.Generator().manual_seed(4)
+    pick = torch.rand(logits.shape, generator=g)
+    logits = torch.where(pick > 0.97, torch.tensor(90.0), logits)
+    logits = torch.where((pick > 0.5) & (pick < 0.52), torch.tensor(-float("inf")), logits)
+    maps, a0 = [m.clone() for m in maps], 0
+    for m in maps:
+        hw = m.shape[2] * m.shape[3]
+        m[:, 16:] = logits[:, a0:a0 + hw].transpose(1, 2).reshape(m[:, 16:].shape)
+        a0 += hw
+    args = (pd, anc, labels, gt, mask)
+    ref = tal_assign_ref(logits.sigmoid(), *args, topk=TOPK, alpha=ALPHA, beta=BETA, eps=EPS)
+    cl = [m.to(memory_format=torch.channels_last) for m in maps]
+    out = torch.ops.yolofast.tal_assign.maps(cl, 4, *args, TOPK, ALPHA, BETA, EPS)
+    assert_same(ref, out)
+    n = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = torch.ops.yolofast.tal_assign.maps(maps, 4, *args, TOPK, ALPHA, BETA, EPS)
+    finally:
+        torch.set_num_threads(n)
+    for name, a, b in zip(NAMES, one, out):
+        assert torch.equal(a, b), name
+    for name in ("cpp", "ref"):
+        with ops.backend(name):
+            assert_same(ref, ops.tal_assign_maps(maps, *args, reg_max=4))
+    empty = torch.ops.yolofast.tal_assign.maps(maps, 4, pd, anc, labels[:, :0], gt[:, :0], mask[:, :0], TOPK,
+                                               ALPHA, BETA, EPS)
+    assert_same(tal_assign_ref(logits.sigmoid(), pd, anc, labels[:, :0], gt[:, :0], mask[:, :0]), empty)
+
+
+def test_maps_opcheck_and_errors(op):
+    scene = random_scene(15, B=2, imgsz=128, M=6, C=3)
+    maps, _ = logit_maps(1, scene, reg_max=2, imgsz=128)
+    _, pd, anc, labels, gt, mask = scene
+    torch.library.opcheck(torch.ops.yolofast.tal_assign.maps,
+                          (maps, 2, pd, anc, labels, gt, mask, TOPK, ALPHA, BETA, EPS))
+    with pytest.raises(RuntimeError, match="tal_assign: pd_bboxes"):
+        torch.ops.yolofast.tal_assign.maps(maps[:2], 2, pd, anc, labels, gt, mask, TOPK, ALPHA, BETA, EPS)

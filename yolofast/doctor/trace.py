@@ -7,7 +7,8 @@ import torch
 from yolofast.boxes import xywh2xyxy
 from yolofast.doctor.report import Section, fmt, stats, stats_line
 from yolofast.engine.distill import DistillLoss
-from yolofast.ops import bbox_loss_maps, head_decode, reference, tal_assign
+from yolofast.ops import reference
+from yolofast.ops.bbox_loss import maps_to_rows
 
 __all__ = ["trace_data", "trace_model", "standard_branches", "branch_names"]
 
@@ -108,22 +109,15 @@ def trace_data(sec: Section, batch: dict, nc: int, label: str) -> dict:
 
 # ---------------------------------------------------------------------------------------------- loss
 def standard_branches(loss, feats, batch) -> dict:
-    """The standard loss (a ``DetectionLoss``), stage by stage: targets, assigner outputs, and the
-    differentiable per-branch values ``branches`` (3,) = [box, cls, dfl] with their gains (no batch
-    factor), the same numbers ``DetectionLoss.__call__`` returns as items."""
-    bsz = feats[0].shape[0]
-    anchor_points, stride_tensor, anc_px, scale, gains = loss._anchors(feats)
-    gt_cls, gt_bboxes, gt_mask = loss._targets(batch, bsz, feats[0].device)
-    gt_xyxy = xywh2xyxy(gt_bboxes * scale)
-    with torch.no_grad():
-        pd_scores, pd_bboxes = head_decode(feats, loss.strides, loss.reg_max)
-        _, target_bboxes, target_scores, fg_mask, gt_idx = tal_assign(
-            pd_scores, pd_bboxes, anc_px, gt_cls, gt_xyxy, gt_mask, loss.topk, loss.alpha, loss.beta)
-    losses = bbox_loss_maps(feats, anchor_points, target_bboxes / stride_tensor, target_scores, fg_mask,
-                            loss.reg_max)
-    return {"branches": losses * gains, "fg_mask": fg_mask, "gt_idx": gt_idx, "gt_cls": gt_cls,
-            "gt_xyxy": gt_xyxy, "gt_mask": gt_mask, "pd_scores": pd_scores, "pd_bboxes": pd_bboxes,
-            "anc_px": anc_px, "img_wh": (float(scale[0]), float(scale[1]))}
+    """The standard loss (a ``DetectionLoss``), stage by stage (``DetectionLoss.stages``): targets, assigner
+    outputs, and the differentiable per-branch values ``branches`` (3,) = [box, cls, dfl] with their gains
+    (no batch factor), the same numbers ``DetectionLoss.__call__`` returns as items."""
+    st = loss.stages(feats, batch)
+    with torch.no_grad():  # the assigner's scores, for the reasons a GT got no anchor
+        pd_scores = maps_to_rows([f.detach().float() for f in feats], loss.reg_max)[1].sigmoid()
+    return {"branches": st.items, "fg_mask": st.fg_mask, "gt_idx": st.target_gt_idx, "gt_cls": st.gt_cls,
+            "gt_xyxy": st.gt_xyxy, "gt_mask": st.gt_mask, "pd_scores": pd_scores, "pd_bboxes": st.pd_bboxes,
+            "anc_px": st.anc_px, "img_wh": st.img_wh}
 
 
 _REASONS = {

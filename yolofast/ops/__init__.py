@@ -9,7 +9,7 @@ from yolofast.ops._backend import BackendUnavailable, backend, select_backend
 from yolofast.ops.bbox_loss import bbox_loss, bbox_loss_maps
 from yolofast.ops.ema_update import ema_update
 from yolofast.ops.head_decode import head_decode
-from yolofast.ops.tal_assign import tal_assign
+from yolofast.ops.tal_assign import tal_assign, tal_assign_maps
 
 __all__ = [
     "BackendUnavailable",
@@ -21,4 +21,5 @@ __all__ = [
     "reference",
     "select_backend",
     "tal_assign",
+    "tal_assign_maps",
 ]

@@ -24,8 +24,13 @@ Ops (tensor shapes as in ``reference.py``):
   _bbox_loss_scale(grad_dist_box, grad_dist_dfl, grad_scores, fg_mask, c) -> (grad_dist, grad_scores)
       bbox_loss's backward in one pass (CPU): gd_box*c[0] + gd_dfl*c[2] (reading only the foreground
       rows, the others are zero) and gs*c[1], with c = g * inv_s (3,).
+  tal_assign.maps(feats, reg_max, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, alpha, beta,
+                  eps)
+      -> tal_assign's outputs for pd_scores = sigmoid of the maps' class logits (as (B, A, C)), read in
+          place and only where the assigner needs a score; target_scores in the maps' promoted dtype.
   head_decode(feats, strides, reg_max) -> (pd_scores (B, A, C) sigmoid, pd_bboxes (B, A, 4) xyxy pixels)
       the assigner's inputs decoded from the maps in one pass (reference.bbox_decode * stride); no gradient.
+  head_decode.boxes(feats, strides, reg_max) -> pd_bboxes   the boxes alone (for tal_assign.maps).
   ema_update(ema!, model, decay) -> ()   in place ema = lerp(ema, model, 1 - decay).
   ema_update.multi(ema![], model[], decay) -> ()   the same over lists of tensors (the model's own, in
       place; integer tensors copied): one parallel sweep, no flat copy (CPU).
@@ -61,7 +66,13 @@ _lib.define(
     "_bbox_loss_scale(Tensor grad_dist_box, Tensor grad_dist_dfl, Tensor grad_scores, Tensor fg_mask, "
     "Tensor c) -> (Tensor, Tensor)"
 )
+_lib.define(
+    "tal_assign.maps(Tensor[] feats, int reg_max, Tensor pd_bboxes, Tensor anc_points, Tensor gt_labels, "
+    "Tensor gt_bboxes, Tensor mask_gt, int topk, float alpha, float beta, float eps) "
+    "-> (Tensor, Tensor, Tensor, Tensor, Tensor)"
+)
 _lib.define("head_decode(Tensor[] feats, float[] strides, int reg_max) -> (Tensor, Tensor)")
+_lib.define("head_decode.boxes(Tensor[] feats, float[] strides, int reg_max) -> Tensor")
 _lib.define("_bbox_vec_bits(Tensor x) -> int")
 _lib.define("ema_update(Tensor(a!) ema, Tensor model, Tensor decay) -> ()")
 _lib.define("ema_update.multi(Tensor(a!)[] ema, Tensor[] model, Tensor decay) -> ()")
@@ -79,6 +90,23 @@ def _tal_assign_fake(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mas
         pd_scores.new_empty((B, A, C)),
         pd_scores.new_empty((B, A), dtype=torch.bool),
         pd_scores.new_empty((B, A), dtype=torch.int64),
+    )
+
+
+@torch.library.register_fake("yolofast::tal_assign.maps", lib=_lib)
+def _tal_assign_maps_fake(feats, reg_max, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, alpha,
+                          beta, eps):
+    B, no = feats[0].shape[:2]
+    A = sum(f.shape[2] * f.shape[3] for f in feats)
+    dt = feats[0].dtype
+    for f in feats[1:]:
+        dt = torch.promote_types(dt, f.dtype)
+    return (
+        pd_bboxes.new_empty((B, A), dtype=torch.int64),
+        gt_bboxes.new_empty((B, A, 4)),
+        pd_bboxes.new_empty((B, A, no - 4 * reg_max), dtype=dt),
+        pd_bboxes.new_empty((B, A), dtype=torch.bool),
+        pd_bboxes.new_empty((B, A), dtype=torch.int64),
     )
 
 
@@ -126,6 +154,13 @@ def _head_decode_fake(feats, strides, reg_max):
     return feats[0].new_empty((B, A, no - 4 * reg_max), dtype=dt), feats[0].new_empty((B, A, 4), dtype=dt)
 
 
+@torch.library.register_fake("yolofast::head_decode.boxes", lib=_lib)
+def _head_decode_boxes_fake(feats, strides, reg_max):
+    B = feats[0].shape[0]
+    A = sum(f.shape[2] * f.shape[3] for f in feats)
+    return feats[0].new_empty((B, A, 4), dtype=_maps_dtype(feats))
+
+
 @torch.library.register_fake("yolofast::ema_update", lib=_lib)
 def _ema_update_fake(ema, model, decay):
     return None
@@ -162,6 +197,9 @@ def _tal_assign_backward(ctx, *grads):
 torch.library.register_autograd(
     "yolofast::tal_assign", _tal_assign_backward, setup_context=_tal_assign_setup, lib=_lib
 )
+torch.library.register_autograd(
+    "yolofast::tal_assign.maps", lambda ctx, *grads: (None,) * 11, setup_context=_tal_assign_setup, lib=_lib
+)
 
 # ------------------------------------------------------------------------------------------------- autocast
 # The loss computes in fp32 whatever autocast would pick: under autocast, floating inputs arrive as fp32
@@ -197,6 +235,27 @@ def tal_assign(
     return torch.ops.yolofast.tal_assign(
         pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, int(topk), float(alpha),
         float(beta), float(eps),
+    )
+
+
+def tal_assign_maps(
+    feats: list[Tensor],
+    pd_bboxes: Tensor,
+    anc_points: Tensor,
+    gt_labels: Tensor,
+    gt_bboxes: Tensor,
+    mask_gt: Tensor,
+    topk: int = 10,
+    alpha: float = 0.5,
+    beta: float = 6.0,
+    eps: float = 1e-9,
+    reg_max: int = 16,
+):
+    """Compiled ``tal_assign`` with the scores read from the head's class logits (sigmoid) in place."""
+    _ensure_loaded()
+    return torch.ops.yolofast.tal_assign.maps(
+        [f.detach() for f in feats], int(reg_max), pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt,
+        int(topk), float(alpha), float(beta), float(eps),
     )
 
 
@@ -237,6 +296,13 @@ def head_decode(feats: list[Tensor], strides, reg_max: int = 16) -> tuple[Tensor
     _ensure_loaded()
     maps = [f.detach() for f in feats]
     return torch.ops.yolofast.head_decode(maps, [float(s) for s in strides], int(reg_max))
+
+
+def head_decode_boxes(feats: list[Tensor], strides, reg_max: int = 16) -> Tensor:
+    """Compiled pd_bboxes (B,A,4) xyxy pixels from the head's maps, without the scores; no grad."""
+    _ensure_loaded()
+    maps = [f.detach() for f in feats]
+    return torch.ops.yolofast.head_decode.boxes(maps, [float(s) for s in strides], int(reg_max))
 
 
 def bbox_vec_bits() -> int:

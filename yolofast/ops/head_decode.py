@@ -12,11 +12,12 @@ from yolofast.ops._backend import backend_name
 
 
 @torch.no_grad()
-def head_decode(feats, strides, reg_max: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+def head_decode(feats, strides, reg_max: int = 16, scores: bool = True):
     """feats: list of (B, 4*reg_max + nc, H_i, W_i) logits; strides: one (pixels) per map.
 
     Returns (pd_scores (B, A, nc) sigmoid of the class logits, pd_bboxes (B, A, 4) xyxy pixels), A = sum
-    H_i*W_i level by level, float32 (float64 when a map is float64); no gradient.
+    H_i*W_i level by level, float32 (float64 when a map is float64); no gradient. ``scores=False`` skips
+    the scores (returned as None): the loss's assigner reads the logits itself (``tal_assign_maps``).
     """
     if len(strides) != len(feats):
         raise ValueError(
@@ -25,6 +26,8 @@ def head_decode(feats, strides, reg_max: int = 16) -> tuple[torch.Tensor, torch.
     if backend_name("bbox_loss", feats[0].device.type) == "cpp":
         from yolofast.ops import _library
 
+        if not scores:
+            return None, _library.head_decode_boxes(feats, strides, reg_max)
         return _library.head_decode(feats, strides, reg_max)
     from yolofast.boxes import make_anchors
     from yolofast.ops.bbox_loss import maps_to_rows
@@ -42,4 +45,4 @@ def head_decode(feats, strides, reg_max: int = 16) -> tuple[torch.Tensor, torch.
     anc = anchor_points * stride_tensor
     s = stride_tensor
     boxes = torch.cat((anc - ltrb[..., :2] * s, anc + ltrb[..., 2:] * s), -1)
-    return pred_scores.sigmoid(), boxes
+    return (pred_scores.sigmoid() if scores else None), boxes

@@ -1,4 +1,9 @@
-"""Public ``tal_assign``: the task-aligned assigner, dispatched to the selected backend (see _backend.py)."""
+"""Public ``tal_assign``: the task-aligned assigner, dispatched to the selected backend (see _backend.py).
+
+``tal_assign_maps`` is the same assignment with the scores given as the Detect head's class logits (the
+per-level maps): the C++ backend reads them in place and takes the sigmoid of a candidate's logit only,
+instead of a sigmoid of all B*A*C logits and their (B, A, C) copy first.
+"""
 
 from __future__ import annotations
 
@@ -26,3 +31,33 @@ def tal_assign(
     """
     impl = implementation("tal_assign", backend_name("tal_assign", pd_scores.device.type))
     return impl(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, alpha, beta, eps)
+
+
+def tal_assign_maps(
+    feats,
+    pd_bboxes: torch.Tensor,
+    anc_points: torch.Tensor,
+    gt_labels: torch.Tensor,
+    gt_bboxes: torch.Tensor,
+    mask_gt: torch.Tensor,
+    topk: int = 10,
+    alpha: float = 0.5,
+    beta: float = 6.0,
+    eps: float = 1e-9,
+    reg_max: int = 16,
+):
+    """``tal_assign`` with ``pd_scores = sigmoid(class logits)`` of the head's maps: feats a list of
+    (B, 4*reg_max + nc, H_i, W_i) maps (anchors level by level, pixel h*W_i + w), the other arguments and
+    the outputs as ``tal_assign``'s; target_scores has the maps' (promoted) dtype. No gradient."""
+    name = backend_name("tal_assign", feats[0].device.type)
+    if name == "cpp":
+        from yolofast.ops import _library
+
+        return _library.tal_assign_maps(feats, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk,
+                                        alpha, beta, eps, reg_max)
+    from yolofast.ops.bbox_loss import maps_to_rows
+
+    with torch.no_grad():
+        pd_scores = maps_to_rows([f.detach() for f in feats], reg_max)[1].sigmoid()
+    return implementation("tal_assign", name)(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt,
+                                              topk, alpha, beta, eps)
