@@ -30,11 +30,25 @@ struct Strided {
 };
 
 // One level of the head (or the whole (B, A, .) tensor): n anchors starting at global anchor a0.
+// The box and DFL gradients go either to gbox / gdfl (every anchor, zero off the foreground) or, when
+// compact is set, compactly: the k-th foreground anchor of a block gets row row0 + k of fg_rows (N, 2, 4R)
+// = [box, DFL] and its global index b*A + a in fg_index.
 template <typename T>
 struct LossLevel {
   Strided<const T> dist, score;   // 4R DFL logits, C class logits
   Strided<T> gbox, gdfl, gcls;    // gradients of S*L_box, S*L_dfl (4R channels each), S*L_cls (C)
   int64_t n = 0, a0 = 0;
+  bool compact = false;
+  T* fg_rows = nullptr;
+  int64_t* fg_index = nullptr;
+};
+
+// Where box_dfl_group writes one lane's box and DFL gradient rows (channel stride sc).
+template <typename T>
+struct GradRows {
+  T* box[Vec<T>::size()];
+  T* dfl[Vec<T>::size()];
+  int64_t sc = 1;
 };
 
 // Per-anchor targets, contiguous: anchors (A, 2), boxes (B, A, 4) grid units, scores (B, A, C), fg (B, A).
@@ -65,11 +79,11 @@ inline Vec<T> d_max(const Vec<T>& a, const Vec<T>& b) {
 
 // Box (CIoU) and DFL losses of up to W = Vec<T>::size() foreground anchors idx[0..n) of level L in image
 // b, one per lane, and their gradients (unnormalised: of (1 - CIoU)*w and mean_sides(dfl)*w), written to
-// L.gbox / L.gdfl. w[l] is the anchor's weight sum_c target_scores. Unused lanes compute on a dummy
+// out's rows. w[l] is the anchor's weight sum_c target_scores. Unused lanes compute on a dummy
 // anchor and are neither written nor summed.
 template <typename T>
 void box_dfl_group(const LossLevel<T>& L, const LossTargets<T>& tg, int64_t b, const int64_t* idx,
-                   const T* wts, int n, double& lbox, double& ldfl) {
+                   const T* wts, int n, const GradRows<T>& out, double& lbox, double& ldfl) {
   using V = Vec<T>;
   constexpr int W = V::size();
   const int R = tg.R, R4 = 4 * R;
@@ -213,12 +227,11 @@ void box_dfl_group(const LossLevel<T>& L, const LossTargets<T>& tg, int64_t b, c
     }
     ldfl += double(-dfl / T(4) * w_l[l]);
     lbox += double(lane[7][l]);
-    const int64_t i = idx[l];
-    T* gbi = L.gbox.at(b, 0, i);
-    T* gdi = L.gdfl.at(b, 0, i);
+    T* gbi = out.box[l];
+    T* gdi = out.dfl[l];
     for (int ch_ = 0; ch_ < R4; ++ch_) {
-      gbi[ch_ * L.gbox.sc] = gb[ch_ * W + l];
-      gdi[ch_ * L.gdfl.sc] = p[ch_ * W + l];
+      gbi[ch_ * out.sc] = gb[ch_ * W + l];
+      gdi[ch_ * out.sc] = p[ch_ * W + l];
     }
   }
 }
@@ -338,9 +351,10 @@ void bce_class_rows(const LossLevel<T>& L, const LossTargets<T>& tg, int64_t b, 
 }
 
 // All the work of anchors [i0, i1) of level L in image b: out = {S*L_box, S*L_cls, S*L_dfl, sum t}.
+// row0: the block's first compact foreground row (used when L.compact).
 template <typename T>
 void loss_block(const LossLevel<T>& L, const LossTargets<T>& tg, int64_t b, int64_t i0, int64_t i1,
-                double out[4]) {
+                int64_t row0, double out[4]) {
   constexpr int W = Vec<T>::size();
   double lbox = 0, lcls = 0, ldfl = 0, tsum = 0;
   const bool* fg = tg.fg + b * tg.A + L.a0;
@@ -359,8 +373,11 @@ void loss_block(const LossLevel<T>& L, const LossTargets<T>& tg, int64_t b, int6
     bce_anchor_rows<T>(L, tg, b, i0, i1, lcls, tsum);
   else
     bce_class_rows<T>(L, tg, b, i0, i1, lcls, tsum);
-  zero_rows<T>(L.gbox, b, 4 * tg.R, i0, i1);
-  zero_rows<T>(L.gdfl, b, 4 * tg.R, i0, i1);
+  const bool compact = L.compact;
+  if (!compact) {
+    zero_rows<T>(L.gbox, b, 4 * tg.R, i0, i1);
+    zero_rows<T>(L.gdfl, b, 4 * tg.R, i0, i1);
+  }
   // In a map the 4R logits of one anchor lie 4R rows apart: ask for the block's DFL rows in one sweep
   // first, so the per-anchor gathers below hit cache instead of waiting on ~4R misses each.
   if (L.dist.sa == 1 && std::any_of(fg + i0, fg + i1, [](bool f) { return f; })) {
@@ -370,13 +387,25 @@ void loss_block(const LossLevel<T>& L, const LossTargets<T>& tg, int64_t b, int6
   }
   int64_t idx[W];
   T w[W];
+  GradRows<T> rows;
+  rows.sc = compact ? 1 : L.gbox.sc;  // (B, A, 4R) rows and maps: gbox and gdfl share their strides
+  const int64_t R4 = 4 * tg.R;
   int n = 0;
+  int64_t row = row0;
   for (int64_t i = i0; i < i1; ++i) {
     if (!fg[i]) continue;
-    idx[n] = i, w[n] = row_sum<T>(tg.ts + (b * tg.A + L.a0 + i) * tg.C, tg.C), ++n;
-    if (n == W) box_dfl_group<T>(L, tg, b, idx, w, n, lbox, ldfl), n = 0;
+    idx[n] = i, w[n] = row_sum<T>(tg.ts + (b * tg.A + L.a0 + i) * tg.C, tg.C);
+    if (compact) {
+      rows.box[n] = L.fg_rows + row * 2 * R4;
+      rows.dfl[n] = rows.box[n] + R4;
+      L.fg_index[row++] = b * tg.A + L.a0 + i;
+    } else {
+      rows.box[n] = L.gbox.at(b, 0, i);
+      rows.dfl[n] = L.gdfl.at(b, 0, i);
+    }
+    if (++n == W) box_dfl_group<T>(L, tg, b, idx, w, n, rows, lbox, ldfl), n = 0;
   }
-  if (n > 0) box_dfl_group<T>(L, tg, b, idx, w, n, lbox, ldfl);
+  if (n > 0) box_dfl_group<T>(L, tg, b, idx, w, n, rows, lbox, ldfl);
   out[0] = lbox, out[1] = lcls, out[2] = ldfl, out[3] = tsum;
 }
 

@@ -133,9 +133,15 @@ def test_every_output_element_written(lib, monkeypatch):
     monkeypatch.setenv("YOLOFAST_POISON_OUTPUTS", "1")
     out = torch.ops.yolofast.bbox_loss_maps(feats, *rest, 5)
     dec = torch.ops.yolofast.head_decode(feats, [8.0, 16.0], 5)
+    c = torch.tensor([0.7, 1.3, -0.4])
+    grads = torch.ops.yolofast._bbox_loss_maps_scale(out[1], out[2], out[3], c, 5)
     monkeypatch.delenv("YOLOFAST_POISON_OUTPUTS")
-    for t in (out[0], *out[1], *out[2], out[3], *dec):
+    for g, f in zip(grads, feats):
+        assert g.shape == f.shape and torch.isfinite(g).all()
+    assert out[2].shape[0] == out[3].shape[0] == int(rest[3].sum()) > 0  # one compact row per fg anchor
+    for t in (out[0], *out[1], out[2], out[3], out[4], *dec):
         assert torch.isfinite(t).all()
+    assert (out[3] >= 0).all() and (out[3].diff() > 0).all()
 
 
 def test_deterministic_and_thread_count_independent(lib):
@@ -151,7 +157,7 @@ def test_deterministic_and_thread_count_independent(lib):
         dc = torch.ops.yolofast.head_decode(feats, [8.0, 16.0, 32.0], 16)
     finally:
         torch.set_num_threads(prev)
-    flat = lambda o: [o[0], *o[1], *o[2], o[3]]  # noqa: E731
+    flat = lambda o: [o[0], *o[1], o[2], o[3], o[4]]  # noqa: E731
     for x, y, z in zip(flat(a), flat(b), flat(c)):
         assert torch.equal(x, y) and torch.equal(x, z)
     for x, z in zip(da, dc):

@@ -419,7 +419,8 @@ def test_maps_logits_match_reference_on_sigmoid(op, seed):
     scene = random_scene(200 + seed, B=2, M=(3, 20, 60, 150)[seed % 4], pad=seed % 2 == 0, dtype=dtype)
     maps, logits = logit_maps(seed, scene, dtype=dtype)
     _, pd, anc, labels, gt, mask = scene
-    ref = tal_assign_ref(logits.sigmoid(), pd, anc, labels, gt, mask, topk=TOPK, alpha=ALPHA, beta=BETA, eps=EPS)
+    ref = tal_assign_ref(logits.sigmoid(), pd, anc, labels, gt, mask, topk=TOPK, alpha=ALPHA, beta=BETA,
+                         eps=EPS)
     out = torch.ops.yolofast.tal_assign.maps(maps, 4, pd, anc, labels, gt, mask, TOPK, ALPHA, BETA, EPS)
     assert_same(ref, out)
     assert ref[3].sum() > 0

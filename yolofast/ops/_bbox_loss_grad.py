@@ -6,9 +6,10 @@ grad_scores (B,A,C), inv_s ())``: the forward pass has already computed the grad
 and S*L_cls w.r.t. the logits, and inv_s = 1/S, so backward only scales them by the incoming grads over S
 (DESIGN §2.2: nothing is recomputed, nothing else is kept alive).
 
-``yolofast::bbox_loss_maps`` returns the same gradients in the head maps' layout, one (B, 4R+C, H, W)
-``grad_main`` (box gradient in channels < 4R, class gradient after) and one (B, 4R, H, W) ``grad_dfl`` per
-level; its backward writes each map's gradient straight into a fresh (B, 4R+C, H, W) tensor (no cat).
+``yolofast::bbox_loss_maps`` returns the class gradient in the head maps' layout, one (B, C, H, W)
+``grad_cls`` per level, and the box and DFL gradients of the foreground anchors only (``fg_rows`` (N, 2, 4R),
+``fg_index`` (N,)); its backward, ``yolofast::_bbox_loss_maps_scale``, writes each map's gradient straight
+into a fresh (B, 4R+C, H, W) tensor in one pass (no cat, no zero rows stored).
 """
 
 from __future__ import annotations
@@ -53,26 +54,18 @@ def backward(ctx, g_losses, *_unused):
 
 def maps_setup_context(ctx, inputs, output) -> None:
     feats, reg_max = inputs[0], inputs[5]
-    _, grad_main, grad_dfl, inv_s = output
-    ctx.save_for_backward(inv_s, *grad_main, *grad_dfl)
-    ctx.levels, ctx.reg_max = len(feats), int(reg_max)
+    _, grad_cls, fg_rows, fg_index, inv_s = output
+    ctx.save_for_backward(inv_s, fg_rows, fg_index, *grad_cls)
+    ctx.reg_max = int(reg_max)
     ctx.dtypes = [f.dtype for f in feats]
-    ctx.mark_non_differentiable(*grad_main, *grad_dfl, inv_s)
+    ctx.mark_non_differentiable(*grad_cls, fg_rows, fg_index, inv_s)
     ctx.set_materialize_grads(False)
 
 
 def maps_backward(ctx, g_losses, *_unused):
-    inv_s, *saved = ctx.saved_tensors
-    n, r4 = ctx.levels, 4 * ctx.reg_max
+    inv_s, fg_rows, fg_index, *grad_cls = ctx.saved_tensors
     if g_losses is None:  # a Tensor[] input takes a list of (undefined) grads, not one None
-        return [None] * n, None, None, None, None, None
+        return [None] * len(grad_cls), None, None, None, None, None
     c = g_losses.to(inv_s.dtype) * inv_s  # (3,): the incoming grads over S
-    grads = []
-    for gm, gd, dt in zip(saved[:n], saved[n:], ctx.dtypes):
-        # One multiply with a per-channel scale (c[0] on the 4R box channels, c[1] on the class channels)
-        # and one in-place add of the DFL part: two passes, the result already in the map's layout.
-        scale = torch.cat((c[0].expand(r4), c[1].expand(gm.shape[1] - r4))).view(-1, 1, 1)
-        g = gm * scale
-        g[:, :r4].addcmul_(gd, c[2])
-        grads.append(g.to(dt))
-    return grads, None, None, None, None, None
+    grads = torch.ops.yolofast._bbox_loss_maps_scale(grad_cls, fg_rows, fg_index, c, ctx.reg_max)
+    return [g.to(dt) for g, dt in zip(grads, ctx.dtypes)], None, None, None, None, None

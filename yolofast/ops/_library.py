@@ -17,10 +17,14 @@ Ops (tensor shapes as in ``reference.py``):
       are those of S*L_box, S*L_dfl, S*L_cls w.r.t. the logits and inv_s = 1/S, so backward is
       ``grad_pred_dist = gd_box*(g[0]*inv_s) + gd_dfl*(g[2]*inv_s)``, ``grad_pred_scores = gs*(g[1]*inv_s)``.
   bbox_loss_maps(feats, anchor_points, target_bboxes, target_scores, fg_mask, reg_max)
-      -> (losses (3,), grad_main [(B, 4R+C, H_i, W_i)], grad_dfl [(B, 4R, H_i, W_i)], inv_s ())
+      -> (losses (3,), grad_cls [(B, C, H_i, W_i)], fg_rows (N, 2, 4R), fg_index (N,) int64, inv_s ())
       the same loss read from the Detect head's per-level maps (B, 4R+C, H_i, W_i) in place (anchors level
-      by level, pixel h*W_i + w); the gradients come out in the maps' layout: grad_main holds those of
-      S*L_box (channels < 4R) and S*L_cls (channels >= 4R), grad_dfl that of S*L_dfl.
+      by level, pixel h*W_i + w): grad_cls is the gradient of S*L_cls in the maps' layout, fg_rows those of
+      [S*L_box, S*L_dfl] w.r.t. the 4R box logits of the N foreground anchors (the others' are zero),
+      fg_index their global anchor b*A + a, ascending. N is data-dependent (the foreground count).
+  _bbox_loss_maps_scale(grad_cls, fg_rows, fg_index, c, reg_max) -> [(B, 4R+C, H_i, W_i)]
+      bbox_loss_maps' backward (CPU): each map's gradient written once, class channels grad_cls*c[1], box
+      channels fg_rows[:, 0]*c[0] + fg_rows[:, 1]*c[2] at the foreground anchors and 0 elsewhere.
   _bbox_loss_scale(grad_dist_box, grad_dist_dfl, grad_scores, fg_mask, c) -> (grad_dist, grad_scores)
       bbox_loss's backward in one pass (CPU): gd_box*c[0] + gd_dfl*c[2] (reading only the foreground
       rows, the others are zero) and gs*c[1], with c = g * inv_s (3,).
@@ -60,7 +64,11 @@ _lib.define(
 )
 _lib.define(
     "bbox_loss_maps(Tensor[] feats, Tensor anchor_points, Tensor target_bboxes, Tensor target_scores, "
-    "Tensor fg_mask, int reg_max) -> (Tensor, Tensor[], Tensor[], Tensor)"
+    "Tensor fg_mask, int reg_max) -> (Tensor, Tensor[], Tensor, Tensor, Tensor)"
+)
+_lib.define(
+    "_bbox_loss_maps_scale(Tensor[] grad_cls, Tensor fg_rows, Tensor fg_index, Tensor c, int reg_max) "
+    "-> Tensor[]"
 )
 _lib.define(
     "_bbox_loss_scale(Tensor grad_dist_box, Tensor grad_dist_dfl, Tensor grad_scores, Tensor fg_mask, "
@@ -141,9 +149,15 @@ def _maps_dtype(feats) -> torch.dtype:
 def _bbox_loss_maps_fake(feats, anchor_points, target_bboxes, target_scores, fg_mask, reg_max):
     dt = _maps_dtype(feats)
     B, no = feats[0].shape[:2]
-    grad_main = [f.new_empty((B, no, *f.shape[2:]), dtype=dt) for f in feats]
-    grad_dfl = [f.new_empty((B, 4 * reg_max, *f.shape[2:]), dtype=dt) for f in feats]
-    return feats[0].new_empty((3,), dtype=dt), grad_main, grad_dfl, feats[0].new_empty((), dtype=dt)
+    grad_cls = [f.new_empty((B, no - 4 * reg_max, *f.shape[2:]), dtype=dt) for f in feats]
+    n = torch.library.get_ctx().new_dynamic_size()  # the foreground count
+    return (feats[0].new_empty((3,), dtype=dt), grad_cls, feats[0].new_empty((n, 2, 4 * reg_max), dtype=dt),
+            feats[0].new_empty((n,), dtype=torch.int64), feats[0].new_empty((), dtype=dt))
+
+
+@torch.library.register_fake("yolofast::_bbox_loss_maps_scale", lib=_lib)
+def _bbox_loss_maps_scale_fake(grad_cls, fg_rows, fg_index, c, reg_max):
+    return [g.new_empty((g.shape[0], 4 * reg_max + g.shape[1], *g.shape[2:])) for g in grad_cls]
 
 
 @torch.library.register_fake("yolofast::head_decode", lib=_lib)
