@@ -70,20 +70,30 @@ struct TalAssignInputs {
   at::Tensor scores, pbox, anc, gt, labels, real;
 };
 
-inline TalAssignInputs tal_assign_inputs(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes,
-                                         const at::Tensor& anc_points, const at::Tensor& gt_labels,
-                                         const at::Tensor& gt_bboxes, const at::Tensor& mask_gt) {
-  const int64_t B = pd_scores.size(0), M = gt_bboxes.size(1);
-  const bool f64 = pd_scores.scalar_type() == at::kDouble || pd_bboxes.scalar_type() == at::kDouble ||
-                   gt_bboxes.scalar_type() == at::kDouble;
+// scores_f64: whether the scores are float64; `scores` is left undefined (the caller reads its own).
+inline TalAssignInputs tal_assign_box_inputs(bool scores_f64, const at::Tensor& pd_bboxes,
+                                             const at::Tensor& anc_points, const at::Tensor& gt_labels,
+                                             const at::Tensor& gt_bboxes, const at::Tensor& mask_gt) {
+  const int64_t B = pd_bboxes.size(0), M = gt_bboxes.size(1);
+  const bool f64 =
+      scores_f64 || pd_bboxes.scalar_type() == at::kDouble || gt_bboxes.scalar_type() == at::kDouble;
   const auto ct = f64 ? at::kDouble : at::kFloat;
   return {f64,
-          pd_scores.to(ct).contiguous(),
+          at::Tensor(),
           pd_bboxes.to(ct).contiguous(),
           anc_points.to(ct).contiguous(),
           gt_bboxes.to(ct).contiguous(),
           gt_labels.reshape({B, M}).to(at::kLong).contiguous(),
           mask_gt.reshape({B, M}).gt(0).contiguous()};
+}
+
+inline TalAssignInputs tal_assign_inputs(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes,
+                                         const at::Tensor& anc_points, const at::Tensor& gt_labels,
+                                         const at::Tensor& gt_bboxes, const at::Tensor& mask_gt) {
+  auto in = tal_assign_box_inputs(pd_scores.scalar_type() == at::kDouble, pd_bboxes, anc_points, gt_labels,
+                                  gt_bboxes, mask_gt);
+  in.scores = pd_scores.to(in.f64 ? at::kDouble : at::kFloat).contiguous();
+  return in;
 }
 
 // bbox_loss's inputs as both kernels read them: contiguous, float64 when pred_dist or pred_scores is

@@ -140,12 +140,13 @@ void build_index(CellIndex& ix, const Box<T>* wide, const bool* real, int64_t M,
         ix.gts[fill[cy * ix.g + cx]++] = static_cast<int32_t>(m);
 }
 
-// The assigner's score of anchor ba = b*A + a for class c, read from (B, A, C) probabilities as given.
+// The assigner's score of anchor a of image b for class c, read from (B, A, C) probabilities as given.
 template <typename T>
 struct ProbScores {
+  static constexpr bool kInUnitRange = false;  // any value the caller passes
   const T* p;
-  int64_t C;
-  T operator()(int64_t ba, int64_t c) const { return p[ba * C + c]; }
+  int64_t A, C;
+  T operator()(int64_t b, int64_t a, int64_t c) const { return p[(b * A + a) * C + c]; }
 };
 
 // The same score from the head's class logits where they lie (level l: map (B, 4R + C, H_l, W_l), pixel
@@ -155,12 +156,11 @@ struct ProbScores {
 template <typename T>
 struct MapLogits {
   static constexpr int kMaxLevels = 8;
+  static constexpr bool kInUnitRange = true;  // a sigmoid
   const T* cls[kMaxLevels];  // channel 4R of image 0
   int64_t sb[kMaxLevels], sc[kMaxLevels], a0[kMaxLevels + 1];
   int levels = 0;
-  int64_t A = 0;
-  T operator()(int64_t ba, int64_t c) const {
-    const int64_t b = ba / A, a = ba % A;
+  T operator()(int64_t b, int64_t a, int64_t c) const {
     int l = 0;
     while (l + 1 < levels && a >= a0[l + 1]) ++l;
     const double x = static_cast<double>(cls[l][b * sb[l] + c * sc[l] + (a - a0[l])]);
@@ -194,6 +194,7 @@ void assign(const Scores& score, int64_t B, int64_t A, int64_t C, const at::Tens
   P.prune = P.beta > T(0);
   P.pow = math_fns<T>().pow;
   const T small_side = static_cast<T>(16.0);
+  const bool score_le_one = Scores::kInUnitRange && P.alpha > T(0);
   const int64_t k = std::min<int64_t>(topk, A);
 
   // Parallel regions only where the work pays for the fork/join: on a shared 2-core machine every
@@ -232,7 +233,7 @@ void assign(const Scores& score, int64_t B, int64_t A, int64_t C, const at::Tens
     const int64_t b = i / M;
     const GtTerms<T>& g = terms[i];
     const Box<T>& e = wide[i];
-    const int64_t lab = lab_c[i], ba0 = b * A;
+    const int64_t lab = lab_c[i];
     const T* pb = pbox + b * A * 4;
     const T* pa = pd_atan + b * A;
     Pick<T>* buf = picks.data() + i * k;
@@ -242,7 +243,12 @@ void assign(const Scores& score, int64_t B, int64_t A, int64_t C, const at::Tens
       // ciou <= ub <= 0 -> overlap 0 -> align 0: never picked. Exact, so no tie can change. (A NaN ub is
       // not pruned: the reference's NaN align outranks everything and takes a top-k slot.)
       if (P.prune && c.proper && ub <= T(0)) return;
-      const T s_pow = pow_like_torch(score(ba0 + a, lab), P.alpha, P.pow);
+      // Scores in [0, 1] and alpha > 0 give s_pow <= 1: the bound below, without reading the score (for
+      // logits a sigmoid, the largest share of a big GT's candidates once its top-k is full).
+      if (score_le_one && P.prune && c.proper && n == k &&
+          pow_upper(ub, P.beta) * T(1.0001) + std::numeric_limits<T>::min() < buf[k - 1].align)
+        return;
+      const T s_pow = pow_like_torch(score(b, a, lab), P.alpha, P.pow);
       if (P.prune && c.proper && n == k) {
         // Strictly below the k-th best even at overlap = ub: skip the CIoU tail and the pow. A later anchor
         // loses ties, so "<" is all that needs excluding.
@@ -375,7 +381,7 @@ void assign(const Scores& score, int64_t B, int64_t A, int64_t C, const at::Tens
       const int64_t i = b * M + best;
       gt_of[ba] = static_cast<int32_t>(best);
       overlap_of[ba] = best_ov;
-      const T s_pow = pow_like_torch(score(ba, lab_c[i]), P.alpha, P.pow);
+      const T s_pow = pow_like_torch(score(b, a, lab_c[i]), P.alpha, P.pow);
       align_of[ba] = s_pow * pow_like_torch(best_ov, P.beta, P.pow);
     }
   });
@@ -471,7 +477,7 @@ Outputs tal_assign_cpu(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes,
   const at::Tensor& scores = in.scores;
   auto make = [&](auto zero) {
     using T = decltype(zero);
-    return ProbScores<T>{scores.const_data_ptr<T>(), C};
+    return ProbScores<T>{scores.const_data_ptr<T>(), A, C};
   };
   return run(make, in.f64, B, A, C, in.pbox, in.anc, in.labels, in.gt, in.real, gt_bboxes,
              pd_scores.scalar_type(), topk, alpha, beta, eps);
@@ -493,19 +499,19 @@ Outputs tal_assign_maps_cpu(at::TensorList feats, int64_t reg_max, const at::Ten
   int64_t A = 0;
   at::ScalarType out_dtype = feats[0].scalar_type();
   for (const auto& f : feats) A += f.size(2) * f.size(3), out_dtype = at::promote_types(out_dtype, f.scalar_type());
+  // A zero-stride stand-in for the (B, A, C) scores: the shape checks read only its sizes and dtype.
   yolofast_checks::tal_assign_shapes(at::empty_strided({B, A, C}, {0, 0, 0}, feats[0].options()), pd_bboxes,
                                      anc_points, gt_labels, gt_bboxes, mask_gt, topk);
   const int64_t M = gt_bboxes.size(1);
   if (M == 0) return no_gt_slots(B, A, C, gt_bboxes, out_dtype);
   // The compute type as tal_assign's: float64 when the scores (here the maps), pred or GT boxes are.
-  const auto in = yolofast_checks::tal_assign_inputs(
-      at::empty_strided({B, A, C}, {0, 0, 0}, feats[0].options().dtype(maps_f64 ? at::kDouble : at::kFloat)),
-      pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt);
+  const auto in =
+      yolofast_checks::tal_assign_box_inputs(maps_f64, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt);
   for (auto& m : maps) m = m.to(in.f64 ? at::kDouble : at::kFloat);
   auto make = [&](auto zero) {
     using T = decltype(zero);
     MapLogits<T> s;
-    s.levels = static_cast<int>(maps.size()), s.A = A, s.a0[0] = 0;
+    s.levels = static_cast<int>(maps.size()), s.a0[0] = 0;
     for (int l = 0; l < s.levels; ++l) {
       const auto& m = maps[l];
       s.cls[l] = m.const_data_ptr<T>() + 4 * reg_max * m.stride(1);
