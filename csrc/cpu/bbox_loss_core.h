@@ -38,7 +38,7 @@ struct LossLevel {
   Strided<const T> dist, score;   // 4R DFL logits, C class logits
   Strided<T> gbox, gdfl, gcls;    // gradients of S*L_box, S*L_dfl (4R channels each), S*L_cls (C)
   int64_t n = 0, a0 = 0;
-  bool compact = false;
+  bool compact = false, rows_by_anchor = false;  // rows_by_anchor: row row0 + (i - i0), not the k-th
   T* fg_rows = nullptr;
   int64_t* fg_index = nullptr;
 };
@@ -396,9 +396,10 @@ void loss_block(const LossLevel<T>& L, const LossTargets<T>& tg, int64_t b, int6
     if (!fg[i]) continue;
     idx[n] = i, w[n] = row_sum<T>(tg.ts + (b * tg.A + L.a0 + i) * tg.C, tg.C);
     if (compact) {
-      rows.box[n] = L.fg_rows + row * 2 * R4;
+      const int64_t r = L.rows_by_anchor ? row0 + (i - i0) : row++;
+      rows.box[n] = L.fg_rows + r * 2 * R4;
       rows.dfl[n] = rows.box[n] + R4;
-      L.fg_index[row++] = b * tg.A + L.a0 + i;
+      L.fg_index[r] = b * tg.A + L.a0 + i;
     } else {
       rows.box[n] = L.gbox.at(b, 0, i);
       rows.dfl[n] = L.gdfl.at(b, 0, i);

@@ -5,12 +5,14 @@
 //   -> (losses (3,) [L_box, L_cls, L_dfl] divided by S,
 //       grad_dist_box (B,A,4R), grad_dist_dfl (B,A,4R), grad_scores (B,A,C), inv_s ())
 // yolofast::bbox_loss_maps(feats [(B, 4R+C, H_i, W_i)], anchor_points, target_bboxes, target_scores,
-//                          fg_mask, reg_max)
+//                          fg_mask, reg_max, compact)
 //   -> (losses (3,), grad_cls [(B, C, H_i, W_i)], fg_rows (N, 2, 4R), fg_index (N,), inv_s ())
 // The second reads the Detect head's maps where they are (anchor a of level i is pixel h*W_i + w, levels
 // in order): no (B, A, .) copy of the logits is made. Its class gradient comes out in the maps' layout and
 // the box / DFL gradients of the N foreground anchors as compact rows (index b*A + a, ascending);
 // yolofast::_bbox_loss_maps_scale (its backward) writes each map's whole gradient from them in one pass.
+// N is data-dependent; compact = false gives the static shape instead (N = B*A, row b*A + a, zero rows off
+// the foreground: what torch.compile and a CUDA-graph capture need, at the cost of writing them).
 // The gradients are those of S*L_box, S*L_dfl and S*L_cls (i.e. not yet divided by S): backward
 // multiplies them by grad_output[i] * inv_s, the same product autograd forms for the reference. Box and
 // DFL grads are kept apart because L_box and L_dfl get their own gains.
@@ -25,8 +27,10 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/arange.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -147,7 +151,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bbox_loss
 // zero (B, 4R, H, W) rows.
 std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor, at::Tensor> bbox_loss_maps_cpu(
     at::TensorList feats, const at::Tensor& anchor_points, const at::Tensor& target_bboxes,
-    const at::Tensor& target_scores, const at::Tensor& fg_mask, int64_t reg_max) {
+    const at::Tensor& target_scores, const at::Tensor& fg_mask, int64_t reg_max, bool compact) {
   const auto in = yolofast_checks::bbox_loss_maps_inputs(feats, anchor_points, target_bboxes, target_scores,
                                                           fg_mask, reg_max, kMaxRegMax);
   const int64_t B = in.B, R4 = 4 * reg_max, C = in.C, A = in.A;
@@ -165,17 +169,28 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor, at::Tens
   std::vector<int64_t> level_a0(sizes.size() + 1, 0);
   for (size_t l = 0; l < sizes.size(); ++l) level_a0[l + 1] = level_a0[l] + sizes[l];
   const bool* fg = in.fg.const_data_ptr<bool>();
+  // compact = false: one row per anchor (row b*A + a, zero off the foreground), a static shape.
   std::vector<int64_t> row0(blocks.size());
   int64_t nfg = 0;
   for (size_t k = 0; k < blocks.size(); ++k) {
+    const int64_t first = blocks[k].b * A + level_a0[blocks[k].level];
+    if (!compact) {
+      row0[k] = first + blocks[k].i0;
+      continue;
+    }
     row0[k] = nfg;
-    const bool* f = fg + blocks[k].b * A + level_a0[blocks[k].level];
-    nfg += std::count(f + blocks[k].i0, f + blocks[k].i1, true);
+    nfg += std::count(fg + first + blocks[k].i0, fg + first + blocks[k].i1, true);
   }
-  auto fg_rows = at::empty({nfg, 2, R4}, opt);
-  auto fg_index = at::empty({nfg}, opt.dtype(at::kLong));
-  poison({&fg_rows});
-  if (poison_outputs()) fg_index.fill_(-1);
+  at::Tensor fg_rows, fg_index;
+  if (compact) {
+    fg_rows = at::empty({nfg, 2, R4}, opt);
+    fg_index = at::empty({nfg}, opt.dtype(at::kLong));
+    poison({&fg_rows});
+    if (poison_outputs()) fg_index.fill_(-1);
+  } else {
+    fg_rows = at::zeros({B * A, 2, R4}, opt);
+    fg_index = at::arange(B * A, opt.dtype(at::kLong));
+  }
 
   auto go = [&](auto zero) {
     using T = decltype(zero);
@@ -189,7 +204,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor, at::Tens
       L.dist = {p, m.stride(0), m.stride(1), 1};
       L.score = {p + R4 * m.stride(1), m.stride(0), m.stride(1), 1};
       L.gcls = {gcls[l].mutable_data_ptr<T>(), C * hw, hw, 1};
-      L.compact = true;
+      L.compact = true, L.rows_by_anchor = !compact;
       L.fg_rows = fg_rows.mutable_data_ptr<T>();
       L.fg_index = fg_index.mutable_data_ptr<int64_t>();
       L.n = hw, L.a0 = level_a0[l];

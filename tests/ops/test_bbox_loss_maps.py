@@ -291,3 +291,19 @@ def test_head_decode_boxes_alone(lib):
         else:
             torch.testing.assert_close(b, want, rtol=1e-6, atol=1e-4)
     torch.library.opcheck(torch.ops.yolofast.head_decode.boxes, (feats, [8.0, 16.0, 32.0], 16))
+
+
+def test_static_layout_equals_compact(lib):
+    """compact=False (what torch.compile and graph capture get: one row per anchor, a static shape) gives
+    the compact layout's losses, rows and map gradients."""
+    feats, anc, tb, ts, fg = make_maps(2, 9, [(7, 11), (3, 5)], 4, reg_max=5, fg_frac=0.3)
+    a = torch.ops.yolofast.bbox_loss_maps(feats, anc, tb, ts, fg, 5)
+    b = torch.ops.yolofast.bbox_loss_maps(feats, anc, tb, ts, fg, 5, False)
+    assert b[2].shape == (fg.numel(), 2, 20) and torch.equal(b[3], torch.arange(fg.numel()))
+    assert torch.equal(a[0], b[0]) and all(torch.equal(x, y) for x, y in zip(a[1], b[1]))
+    assert torch.equal(b[2][a[3]], a[2]) and not b[2][~fg.reshape(-1)].any()
+    c = torch.tensor([0.7, 1.3, -0.4])
+    ga = torch.ops.yolofast._bbox_loss_maps_scale(a[1], a[2], a[3], c, 5)
+    gb = torch.ops.yolofast._bbox_loss_maps_scale(b[1], b[2], b[3], c, 5)
+    assert all(torch.equal(x, y) for x, y in zip(ga, gb))
+    torch.library.opcheck(torch.ops.yolofast.bbox_loss_maps.default, (feats, anc, tb, ts, fg, 5, False))

@@ -16,12 +16,13 @@ Ops (tensor shapes as in ``reference.py``):
       all in the compute dtype (float64 if pred_dist or pred_scores is float64, else float32). The grads
       are those of S*L_box, S*L_dfl, S*L_cls w.r.t. the logits and inv_s = 1/S, so backward is
       ``grad_pred_dist = gd_box*(g[0]*inv_s) + gd_dfl*(g[2]*inv_s)``, ``grad_pred_scores = gs*(g[1]*inv_s)``.
-  bbox_loss_maps(feats, anchor_points, target_bboxes, target_scores, fg_mask, reg_max)
+  bbox_loss_maps(feats, anchor_points, target_bboxes, target_scores, fg_mask, reg_max, compact=True)
       -> (losses (3,), grad_cls [(B, C, H_i, W_i)], fg_rows (N, 2, 4R), fg_index (N,) int64, inv_s ())
       the same loss read from the Detect head's per-level maps (B, 4R+C, H_i, W_i) in place (anchors level
       by level, pixel h*W_i + w): grad_cls is the gradient of S*L_cls in the maps' layout, fg_rows those of
       [S*L_box, S*L_dfl] w.r.t. the 4R box logits of the N foreground anchors (the others' are zero),
-      fg_index their global anchor b*A + a, ascending. N is data-dependent (the foreground count).
+      fg_index their global anchor b*A + a, ascending. N is data-dependent (the foreground count);
+      compact=False makes it static: N = B*A, row b*A + a, zero rows off the foreground (for tracing).
   _bbox_loss_maps_scale(grad_cls, fg_rows, fg_index, c, reg_max) -> [(B, 4R+C, H_i, W_i)]
       bbox_loss_maps' backward (CPU): each map's gradient written once, class channels grad_cls*c[1], box
       channels fg_rows[:, 0]*c[0] + fg_rows[:, 1]*c[2] at the foreground anchors and 0 elsewhere.
@@ -64,7 +65,7 @@ _lib.define(
 )
 _lib.define(
     "bbox_loss_maps(Tensor[] feats, Tensor anchor_points, Tensor target_bboxes, Tensor target_scores, "
-    "Tensor fg_mask, int reg_max) -> (Tensor, Tensor[], Tensor, Tensor, Tensor)"
+    "Tensor fg_mask, int reg_max, bool compact=True) -> (Tensor, Tensor[], Tensor, Tensor, Tensor)"
 )
 _lib.define(
     "_bbox_loss_maps_scale(Tensor[] grad_cls, Tensor fg_rows, Tensor fg_index, Tensor c, int reg_max) "
@@ -146,11 +147,12 @@ def _maps_dtype(feats) -> torch.dtype:
 
 
 @torch.library.register_fake("yolofast::bbox_loss_maps", lib=_lib)
-def _bbox_loss_maps_fake(feats, anchor_points, target_bboxes, target_scores, fg_mask, reg_max):
+def _bbox_loss_maps_fake(feats, anchor_points, target_bboxes, target_scores, fg_mask, reg_max, compact=True):
     dt = _maps_dtype(feats)
     B, no = feats[0].shape[:2]
     grad_cls = [f.new_empty((B, no - 4 * reg_max, *f.shape[2:]), dtype=dt) for f in feats]
-    n = torch.library.get_ctx().new_dynamic_size()  # the foreground count
+    # The foreground count, or every anchor in the static layout.
+    n = torch.library.get_ctx().new_dynamic_size() if compact else fg_mask.numel()
     return (feats[0].new_empty((3,), dtype=dt), grad_cls, feats[0].new_empty((n, 2, 4 * reg_max), dtype=dt),
             feats[0].new_empty((n,), dtype=torch.int64), feats[0].new_empty((), dtype=dt))
 
@@ -301,8 +303,19 @@ def bbox_loss_maps(
     w.r.t. every map (the gradients, in the maps' layout, are computed in the forward pass)."""
     _ensure_loaded()
     return torch.ops.yolofast.bbox_loss_maps(
-        list(feats), anchor_points, target_bboxes, target_scores, fg_mask, int(reg_max)
+        list(feats), anchor_points, target_bboxes, target_scores, fg_mask, int(reg_max), _eager()
     )[0]
+
+
+def _eager() -> bool:
+    """Plain eager execution: the data-dependent (compact) layout of bbox_loss_maps is fine. Under
+    torch.compile or a dispatch mode (a graph-capture recorder such as tests/graph_emulator.py, fake
+    tensors) shapes must not depend on the data, so the static layout is used (same values)."""
+    if torch.compiler.is_compiling():
+        return False
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    return _get_current_dispatch_mode() is None
 
 
 def head_decode(feats: list[Tensor], strides, reg_max: int = 16) -> tuple[Tensor, Tensor]:
