@@ -163,3 +163,56 @@ def test_tied_weights_and_wrong_model():
     torch.testing.assert_close(ema.ema.b.weight, model.a.weight - 1.0)
     with pytest.raises(ValueError, match="architecture"):
         ema.update(nn.Linear(3, 3))
+
+
+def test_model_converted_after_the_first_update_is_followed():
+    """Module.to() replaces a parameter's .data (same Parameter object, new memory and strides): the next
+    update reads the new memory, whatever the CPU path prepared at the first update."""
+    model = small_model()
+    ema = ModelEMA(model, decay=0.5, tau=1e-9)  # d = 0.5 from the first update
+    ema.update(model)
+    before = ema.ema[0].weight.clone()
+    model.to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        model[0].weight.add_(1.0)
+    ema.update(model)
+    torch.testing.assert_close(ema.ema[0].weight, 0.5 * before + 0.5 * model[0].weight, rtol=1e-6, atol=1e-7)
+
+
+def test_changed_decay_applies_at_the_next_update():
+    model = small_model()
+    ema = ModelEMA(model, decay=0.9, tau=1e-9)
+    ema.update(model)
+    with torch.no_grad():
+        model[4].bias.add_(1.0)
+    ema.decay = 0.0  # d = 0: the EMA becomes the model
+    ema.update(model)
+    for k, v in model.state_dict().items():
+        assert torch.equal(ema.ema.state_dict()[k], v), k
+
+
+def test_a_dispatch_mode_sees_the_update_as_ops():
+    """Under a TorchDispatchMode (the CUDA-graph emulator records what it replays this way) the update runs
+    as dispatched ops, never only inside an opaque call, and gives what it gives without the mode."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    model = small_model()
+    a, b = ModelEMA(model, tau=3), ModelEMA(model, tau=3)
+    with torch.no_grad():
+        model[0].weight.add_(1.0)
+    a.update(model)
+    with Record() as rec:
+        b.update(model)
+    assert any("ema_update" in op or "lerp" in op for op in rec.ops), rec.ops
+    assert a.updates == b.updates == 1
+    for (k, x), y in zip(a.ema.state_dict().items(), b.ema.state_dict().values()):
+        assert torch.equal(x, y), k
