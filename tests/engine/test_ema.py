@@ -216,3 +216,20 @@ def test_a_dispatch_mode_sees_the_update_as_ops():
     assert a.updates == b.updates == 1
     for (k, x), y in zip(a.ema.state_dict().items(), b.ema.state_dict().values()):
         assert torch.equal(x, y), k
+
+
+def test_reassigned_buffer_and_submodule_are_followed():
+    """A buffer replaced by a new tensor, and a whole submodule replaced by a new one of the same shape,
+    after updates have run: the next update reads the new tensors."""
+    model = small_model()
+    ema = ModelEMA(model, decay=0.5, tau=1e-9)
+    ema.update(model)
+    ema.update(model)
+    mean, w = ema.ema[1].running_mean.clone(), ema.ema[4].weight.clone()
+    model[1].running_mean = torch.full((4,), 2.0)
+    model[4] = nn.Linear(4 * 6 * 6, 5)
+    with torch.no_grad():
+        model[4].weight.fill_(4.0)
+    ema.update(model)
+    torch.testing.assert_close(ema.ema[1].running_mean, 0.5 * mean + 0.5 * 2.0)
+    torch.testing.assert_close(ema.ema[4].weight, 0.5 * w + 0.5 * 4.0)

@@ -70,52 +70,50 @@ def _locate(module: nn.Module, names: list[str]) -> list[tuple[dict, str]]:
     return out
 
 
-# How many parameters, buffers and submodules have been assigned to any module since the first CPU plan was
-# built (torch's global registration hooks, installed then). While it stands still no module slot can hold
-# a new tensor, so a plan's 355 (yolov8s) slots need no look-up per step: after a 134 MB sweep has evicted
-# the caches, looking them up cost ~0.2 ms a step on the AMD EPYC Zen 4 (5 % of the update).
-_registrations = 0
-
-
-def _count_registration(*_args) -> None:
-    global _registrations
-    _registrations += 1
+# Assignments of parameters/buffers and of submodules to any module since the watch began (torch's global
+# registration hooks, installed by the first ModelEMA). While both stand still no module slot can hold a new
+# tensor, so the model's 355 (yolov8s) slots need no look-up per step: after the 134 MB sweep has evicted the
+# caches, looking them up cost ~0.2 ms a step on the AMD EPYC Zen 4 (5 % of the update). A new tensor in a
+# slot is found by looking the slots up; a new submodule (its own slots) by locating them again (~2-4 ms).
+_counts = {"tensors": 0, "modules": 0}
+_hooks: list = []  # the hooks' handles, once installed
 
 
 def _watch_registrations() -> None:
-    if getattr(_watch_registrations, "done", False):
+    if _hooks:
         return
     from torch.nn.modules import module as torch_module
 
-    torch_module.register_module_parameter_registration_hook(_count_registration)
-    torch_module.register_module_buffer_registration_hook(_count_registration)
-    torch_module.register_module_module_registration_hook(_count_registration)
-    _watch_registrations.done = True
+    def tensor_assigned(*_args) -> None:
+        _counts["tensors"] += 1
+
+    def module_assigned(*_args) -> None:
+        _counts["modules"] += 1
+
+    _hooks.extend([torch_module.register_module_parameter_registration_hook(tensor_assigned),
+                   torch_module.register_module_buffer_registration_hook(tensor_assigned),
+                   torch_module.register_module_module_registration_hook(module_assigned)])
+
+
+def _seen() -> tuple[int, int]:
+    return _counts["tensors"], _counts["modules"]
 
 
 class _Plan:
     """A compiled ``yolofast::EmaPlan`` (CPU, C++ backend) and what it was built from: the model passed to
-    ``update`` and the one under its wrappers (both weakly), the (slot, key) each of the model's tensors
-    came from, those tensors, and (decay, tau)."""
+    ``update`` and the one under its wrappers (both weakly), the model's tensors it reads, (decay, tau),
+    and the registration counts when they were last known to be the model's."""
 
-    def __init__(self, outer: nn.Module, model: nn.Module, locs: list[tuple[dict, str]],
-                 tensors: list[torch.Tensor], settings: tuple[float, float], op):
-        _watch_registrations()
+    def __init__(self, outer: nn.Module, model: nn.Module, tensors: list[torch.Tensor],
+                 settings: tuple[float, float], op):
         self.outer, self.model = weakref.ref(outer), weakref.ref(model)
-        self.slots, self.keys = [s for s, _ in locs], [k for _, k in locs]
-        self.tensors, self.settings, self.seen = tensors, settings, _registrations
+        self.tensors, self.settings, self.seen = tensors, settings, _seen()
         self.step = op.step
 
-    def current(self, model: nn.Module, settings: tuple[float, float]) -> bool:
-        """Still this model and these settings, and every slot still holding the tensor the plan reads
-        (looked up only when some module got a new parameter, buffer or submodule since the last check)."""
-        if self.model() is not model or self.settings != settings:
-            return False
-        if self.seen != _registrations:
-            if not all(map(operator.is_, map(operator.getitem, self.slots, self.keys), self.tensors)):
-                return False
-            self.seen = _registrations
-        return True
+    def reads(self, model: nn.Module, settings: tuple[float, float], tensors: list[torch.Tensor]) -> bool:
+        """Whether this plan updates towards exactly ``tensors`` of ``model`` with ``settings``."""
+        return (self.model() is model and self.settings == settings
+                and all(map(operator.is_, tensors, self.tensors)))
 
 
 class ModelEMA:
@@ -150,7 +148,8 @@ class ModelEMA:
         self.flat = device.type != "cpu" if flat is None else bool(flat)
         self._names = [n for n, _ in named]
         self._tensors = [t for _, t in named]
-        self._source: tuple[weakref.ref, list[tuple[dict, str]]] | None = None
+        _watch_registrations()
+        self._source: tuple[weakref.ref, list[tuple[dict, str]], int] | None = None
         self._plan: _Plan | None = None
         self._int_names = [n for n, t in named if not t.is_floating_point()]
         self._int_tensors = [t for _, t in named if not t.is_floating_point()]
@@ -192,9 +191,10 @@ class ModelEMA:
 
     def _model_tensors(self, model: nn.Module) -> list[torch.Tensor]:
         """The model's state tensors in the EMA's order (located once per model object)."""
-        if self._source is None or self._source[0]() is not model:
-            self._source = (weakref.ref(model), _locate(model, self._names))
-        return [slot[key] for slot, key in self._source[1]]
+        src = self._source
+        if src is None or src[0]() is not model or src[2] != _counts["modules"]:
+            self._source = src = (weakref.ref(model), _locate(model, self._names), _counts["modules"])
+        return [slot[key] for slot, key in src[1]]
 
     def _plan_step(self, outer: nn.Module) -> bool:
         """The update as one ``EmaPlan.step`` call; False where the op path runs instead: flat buffers, a
@@ -206,18 +206,20 @@ class ModelEMA:
                 "auto", "cpp"):
             return False
         plan = self._plan
-        # The wrappers' unwrapping too is skipped while no module has been reassigned anything.
-        same = plan is not None and plan.outer() is outer and plan.seen == _registrations
-        model = plan.model() if same else unwrap_model(outer)
-        settings = (self.decay, self.tau)
-        if plan is None or not plan.current(model, settings):
-            if backend_name("ema_update", "cpu") != "cpp":
-                return False
-            from yolofast.ops import _library
-
+        if plan is None or plan.outer() is not outer or plan.seen != _seen() or plan.settings != (
+                self.decay, self.tau):
+            # Something changed (or first step): unwrap and look the model's tensors up again.
+            model, settings = unwrap_model(outer), (self.decay, self.tau)
             src = self._model_tensors(model)
-            self._plan = plan = _Plan(outer, model, self._source[1], src, settings,
-                                      _library.ema_plan(self._tensors, src, *settings))
+            if plan is not None and plan.reads(model, settings, src):
+                plan.outer, plan.seen = weakref.ref(outer), _seen()
+            elif backend_name("ema_update", "cpu") == "cpp":
+                from yolofast.ops import _library
+
+                self._plan = plan = _Plan(outer, model, src, settings,
+                                          _library.ema_plan(self._tensors, src, *settings))
+            else:
+                return False
         plan.step(self._updates)
         return True
 
