@@ -218,18 +218,30 @@ def test_a_dispatch_mode_sees_the_update_as_ops():
         assert torch.equal(x, y), k
 
 
-def test_reassigned_buffer_and_submodule_are_followed():
-    """A buffer replaced by a new tensor, and a whole submodule replaced by a new one of the same shape,
-    after updates have run: the next update reads the new tensors."""
+def test_reassigned_buffer_is_followed():
+    """A buffer replaced by a new tensor after updates have run: the next update reads the new one."""
     model = small_model()
     ema = ModelEMA(model, decay=0.5, tau=1e-9)
     ema.update(model)
     ema.update(model)
-    mean, w = ema.ema[1].running_mean.clone(), ema.ema[4].weight.clone()
+    mean = ema.ema[1].running_mean.clone()
     model[1].running_mean = torch.full((4,), 2.0)
-    model[4] = nn.Linear(4 * 6 * 6, 5)
-    with torch.no_grad():
-        model[4].weight.fill_(4.0)
     ema.update(model)
     torch.testing.assert_close(ema.ema[1].running_mean, 0.5 * mean + 0.5 * 2.0)
-    torch.testing.assert_close(ema.ema[4].weight, 0.5 * w + 0.5 * 4.0)
+
+
+def test_unwrap_model_sees_through_compile_ddp_like_and_distill_wrappers():
+    from yolofast.engine.ema import unwrap_model
+
+    model = small_model()
+
+    class Distill(nn.Module):
+        def __init__(self, student):
+            super().__init__()
+            self.student = student
+            self.proj = nn.Linear(2, 2)
+
+    assert unwrap_model(model) is model
+    assert unwrap_model(torch.compile(model)) is model
+    assert unwrap_model(nn.DataParallel(Distill(model))) is model
+    assert unwrap_model(torch.compile(Distill(model))) is model

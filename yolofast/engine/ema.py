@@ -15,16 +15,20 @@ from yolofast.ops._backend import backend_name, requested_backend
 
 def unwrap_model(model: nn.Module) -> nn.Module:
     """The plain module under DDP/DataParallel (``.module``) and torch.compile (``._orig_mod``) wrappers,
-    and the student of a distillation step (``.student``): the model whose EMA is kept."""
+    and the student of a distillation step (``.student``): the model whose EMA is kept. The last two are
+    read from ``_modules``, where nn.Module keeps an assigned submodule: getattr of a missing name raises
+    an AttributeError inside Module.__getattr__, the costliest part of this per update for a plain model."""
     while True:
         if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
             model = model.module
-        elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
-            model = model._orig_mod
-        elif isinstance(getattr(model, "student", None), nn.Module):  # engine/distill.py
-            model = model.student
-        else:
+            continue
+        sub = model._modules
+        inner = sub.get("_orig_mod")
+        if not isinstance(inner, nn.Module):
+            inner = sub.get("student")  # engine/distill.py
+        if not isinstance(inner, nn.Module):
             return model
+        model = inner
 
 
 def _state_tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -70,50 +74,22 @@ def _locate(module: nn.Module, names: list[str]) -> list[tuple[dict, str]]:
     return out
 
 
-# Assignments of parameters/buffers and of submodules to any module since the watch began (torch's global
-# registration hooks, installed by the first ModelEMA). While both stand still no module slot can hold a new
-# tensor, so the model's 355 (yolov8s) slots need no look-up per step: after the 134 MB sweep has evicted the
-# caches, looking them up cost ~0.2 ms a step on the AMD EPYC Zen 4 (5 % of the update). A new tensor in a
-# slot is found by looking the slots up; a new submodule (its own slots) by locating them again (~2-4 ms).
-_counts = {"tensors": 0, "modules": 0}
-_hooks: list = []  # the hooks' handles, once installed
-
-
-def _watch_registrations() -> None:
-    if _hooks:
-        return
-    from torch.nn.modules import module as torch_module
-
-    def tensor_assigned(*_args) -> None:
-        _counts["tensors"] += 1
-
-    def module_assigned(*_args) -> None:
-        _counts["modules"] += 1
-
-    _hooks.extend([torch_module.register_module_parameter_registration_hook(tensor_assigned),
-                   torch_module.register_module_buffer_registration_hook(tensor_assigned),
-                   torch_module.register_module_module_registration_hook(module_assigned)])
-
-
-def _seen() -> tuple[int, int]:
-    return _counts["tensors"], _counts["modules"]
-
-
 class _Plan:
-    """A compiled ``yolofast::EmaPlan`` (CPU, C++ backend) and what it was built from: the model passed to
-    ``update`` and the one under its wrappers (both weakly), the model's tensors it reads, (decay, tau),
-    and the registration counts when they were last known to be the model's."""
+    """A compiled ``yolofast::EmaPlan`` (CPU, C++ backend) and what it was built from: the model (weakly),
+    the (slot, key) each of the model's tensors came from, those tensors, and (decay, tau)."""
 
-    def __init__(self, outer: nn.Module, model: nn.Module, tensors: list[torch.Tensor],
+    def __init__(self, model: nn.Module, locs: list[tuple[dict, str]], tensors: list[torch.Tensor],
                  settings: tuple[float, float], op):
-        self.outer, self.model = weakref.ref(outer), weakref.ref(model)
-        self.tensors, self.settings, self.seen = tensors, settings, _seen()
+        self.model = weakref.ref(model)
+        self.slots, self.keys = [s for s, _ in locs], [k for _, k in locs]
+        self.tensors, self.settings = tensors, settings
         self.step = op.step
 
-    def reads(self, model: nn.Module, settings: tuple[float, float], tensors: list[torch.Tensor]) -> bool:
-        """Whether this plan updates towards exactly ``tensors`` of ``model`` with ``settings``."""
+    def current(self, model: nn.Module, settings: tuple[float, float]) -> bool:
+        """Still this model, these settings, and every slot still holding the tensor the plan reads (the
+        identity test of yolov8s's 355 slots runs in C, no Python loop: ~10 us with warm caches)."""
         return (self.model() is model and self.settings == settings
-                and all(map(operator.is_, tensors, self.tensors)))
+                and all(map(operator.is_, map(operator.getitem, self.slots, self.keys), self.tensors)))
 
 
 class ModelEMA:
@@ -148,8 +124,7 @@ class ModelEMA:
         self.flat = device.type != "cpu" if flat is None else bool(flat)
         self._names = [n for n, _ in named]
         self._tensors = [t for _, t in named]
-        _watch_registrations()
-        self._source: tuple[weakref.ref, list[tuple[dict, str]], int] | None = None
+        self._source: tuple[weakref.ref, list[tuple[dict, str]]] | None = None
         self._plan: _Plan | None = None
         self._int_names = [n for n, t in named if not t.is_floating_point()]
         self._int_tensors = [t for _, t in named if not t.is_floating_point()]
@@ -191,35 +166,28 @@ class ModelEMA:
 
     def _model_tensors(self, model: nn.Module) -> list[torch.Tensor]:
         """The model's state tensors in the EMA's order (located once per model object)."""
-        src = self._source
-        if src is None or src[0]() is not model or src[2] != _counts["modules"]:
-            self._source = src = (weakref.ref(model), _locate(model, self._names), _counts["modules"])
-        return [slot[key] for slot, key in src[1]]
+        if self._source is None or self._source[0]() is not model:
+            self._source = (weakref.ref(model), _locate(model, self._names))
+        return [slot[key] for slot, key in self._source[1]]
 
-    def _plan_step(self, outer: nn.Module) -> bool:
+    def _plan_step(self, model: nn.Module) -> bool:
         """The update as one ``EmaPlan.step`` call; False where the op path runs instead: flat buffers, a
         backend other than C++, or a TorchDispatchMode (the CUDA-graph emulator, fake tensors) that must
-        see the update as ops, which it cannot see inside a torch.classes call. The backend is looked up
-        in full only to build a plan (the extension, once loaded, stays); per step only what may change,
-        whether one is forced."""
+        see the update as ops, which it cannot see inside a torch.classes call. Per step only what may
+        change is checked (a forced backend, the model, its slots); the backend's availability only when
+        a plan is built (the loaded extension stays)."""
         if self.flat or torch._C._len_torch_dispatch_stack() or requested_backend("ema_update")[0] not in (
                 "auto", "cpp"):
             return False
-        plan = self._plan
-        if plan is None or plan.outer() is not outer or plan.seen != _seen() or plan.settings != (
-                self.decay, self.tau):
-            # Something changed (or first step): unwrap and look the model's tensors up again.
-            model, settings = unwrap_model(outer), (self.decay, self.tau)
-            src = self._model_tensors(model)
-            if plan is not None and plan.reads(model, settings, src):
-                plan.outer, plan.seen = weakref.ref(outer), _seen()
-            elif backend_name("ema_update", "cpu") == "cpp":
-                from yolofast.ops import _library
-
-                self._plan = plan = _Plan(outer, model, src, settings,
-                                          _library.ema_plan(self._tensors, src, *settings))
-            else:
+        model, settings, plan = unwrap_model(model), (self.decay, self.tau), self._plan
+        if plan is None or not plan.current(model, settings):
+            if backend_name("ema_update", "cpu") != "cpp":
                 return False
+            from yolofast.ops import _library
+
+            src = self._model_tensors(model)
+            self._plan = plan = _Plan(model, self._source[1], src, settings,
+                                      _library.ema_plan(self._tensors, src, *settings))
         plan.step(self._updates)
         return True
 
