@@ -87,7 +87,8 @@ class _Plan:
 
     def current(self, model: nn.Module, settings: tuple[float, float]) -> bool:
         """Still this model, these settings, and every slot still holding the tensor the plan reads (the
-        identity test of yolov8s's 355 slots runs in C, no Python loop: ~10 us with warm caches)."""
+        identity test of yolov8s's 355 slots runs in C, no Python loop: ~10 us with warm caches, ~3.5 % of
+        the update on the AMD EPYC Zen 4 once the sweep has evicted them)."""
         return (self.model() is model and self.settings == settings
                 and all(map(operator.is_, map(operator.getitem, self.slots, self.keys), self.tensors)))
 
@@ -100,7 +101,7 @@ class ModelEMA:
     mode, no grad). ``updates`` and ``d`` stay on the device (no host sync per step; reading ``.updates``
     syncs once), so the update can be captured in a CUDA graph.
 
-    Two layouts, one ``yolofast.ops.ema_update`` call per update either way:
+    Two layouts, one kernel call per update either way:
     - CPU (default there): the EMA's tensors keep the model's layout (channels_last included) and the C++
       multi-tensor kernel reads the model's own tensors in place, in one sweep over both threads: read 2N,
       write N, nothing else. With the C++ backend the whole step (counter, decay, sweep) is one call of a
