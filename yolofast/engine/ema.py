@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import operator
 import weakref
+from itertools import chain
 
 import torch
 from torch import nn
@@ -76,21 +77,24 @@ def _locate(module: nn.Module, names: list[str]) -> list[tuple[dict, str]]:
 
 class _Plan:
     """A compiled ``yolofast::EmaPlan`` (CPU, C++ backend) and what it was built from: the model (weakly),
-    the (slot, key) each of the model's tensors came from, those tensors, and (decay, tau)."""
+    the ``_parameters``/``_buffers`` dicts its tensors came from with every value they held, and
+    (decay, tau)."""
 
-    def __init__(self, model: nn.Module, locs: list[tuple[dict, str]], tensors: list[torch.Tensor],
-                 settings: tuple[float, float], op):
+    def __init__(self, model: nn.Module, locs: list[tuple[dict, str]], settings: tuple[float, float], op):
         self.model = weakref.ref(model)
-        self.slots, self.keys = [s for s, _ in locs], [k for _, k in locs]
-        self.tensors, self.settings = tensors, settings
-        self.step = op.step
+        self.dicts = list({id(slot): slot for slot, _ in locs}.values())  # yolov8s: 178 dicts, 413 values
+        self.values = list(chain.from_iterable(map(dict.values, self.dicts)))
+        self.settings, self.step = settings, op.step
 
     def current(self, model: nn.Module, settings: tuple[float, float]) -> bool:
-        """Still this model, these settings, and every slot still holding the tensor the plan reads (the
-        identity test of yolov8s's 355 slots runs in C, no Python loop: ~10 us with warm caches, ~3.5 % of
-        the update on the AMD EPYC Zen 4 once the sweep has evicted them)."""
-        return (self.model() is model and self.settings == settings
-                and all(map(operator.is_, map(operator.getitem, self.slots, self.keys), self.tensors)))
+        """Still this model, these settings, and every dict still holding the very objects it held (a
+        reassigned parameter or buffer replaces its dict entry). Iterating the dicts' values touches less
+        memory than looking the 355 slots up by key: in situ, after the sweep has evicted the caches, 1.5 %
+        of the update instead of 3.9 % on the AMD EPYC Zen 4."""
+        if self.model() is not model or self.settings != settings:
+            return False
+        now = list(chain.from_iterable(map(dict.values, self.dicts)))
+        return len(now) == len(self.values) and all(map(operator.is_, now, self.values))
 
 
 class ModelEMA:
@@ -187,7 +191,7 @@ class ModelEMA:
             from yolofast.ops import _library
 
             src = self._model_tensors(model)
-            self._plan = plan = _Plan(model, self._source[1], src, settings,
+            self._plan = plan = _Plan(model, self._source[1], settings,
                                       _library.ema_plan(self._tensors, src, *settings))
         plan.step(self._updates)
         return True
