@@ -163,3 +163,85 @@ def test_tied_weights_and_wrong_model():
     torch.testing.assert_close(ema.ema.b.weight, model.a.weight - 1.0)
     with pytest.raises(ValueError, match="architecture"):
         ema.update(nn.Linear(3, 3))
+
+
+def test_model_converted_after_the_first_update_is_followed():
+    """Module.to() replaces a parameter's .data (same Parameter object, new memory and strides): the next
+    update reads the new memory, whatever the CPU path prepared at the first update."""
+    model = small_model()
+    ema = ModelEMA(model, decay=0.5, tau=1e-9)  # d = 0.5 from the first update
+    ema.update(model)
+    before = ema.ema[0].weight.clone()
+    model.to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        model[0].weight.add_(1.0)
+    ema.update(model)
+    torch.testing.assert_close(ema.ema[0].weight, 0.5 * before + 0.5 * model[0].weight, rtol=1e-6, atol=1e-7)
+
+
+def test_changed_decay_applies_at_the_next_update():
+    model = small_model()
+    ema = ModelEMA(model, decay=0.9, tau=1e-9)
+    ema.update(model)
+    with torch.no_grad():
+        model[4].bias.add_(1.0)
+    ema.decay = 0.0  # d = 0: the EMA becomes the model
+    ema.update(model)
+    for k, v in model.state_dict().items():
+        assert torch.equal(ema.ema.state_dict()[k], v), k
+
+
+def test_a_dispatch_mode_sees_the_update_as_ops():
+    """Under a TorchDispatchMode (the CUDA-graph emulator records what it replays this way) the update runs
+    as dispatched ops, never only inside an opaque call, and gives what it gives without the mode."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    model = small_model()
+    a, b = ModelEMA(model, tau=3), ModelEMA(model, tau=3)
+    with torch.no_grad():
+        model[0].weight.add_(1.0)
+    a.update(model)
+    with Record() as rec:
+        b.update(model)
+    assert any("ema_update" in op or "lerp" in op for op in rec.ops), rec.ops
+    assert a.updates == b.updates == 1
+    for (k, x), y in zip(a.ema.state_dict().items(), b.ema.state_dict().values()):
+        assert torch.equal(x, y), k
+
+
+def test_reassigned_buffer_is_followed():
+    """A buffer replaced by a new tensor after updates have run: the next update reads the new one."""
+    model = small_model()
+    ema = ModelEMA(model, decay=0.5, tau=1e-9)
+    ema.update(model)
+    ema.update(model)
+    mean = ema.ema[1].running_mean.clone()
+    model[1].running_mean = torch.full((4,), 2.0)
+    ema.update(model)
+    torch.testing.assert_close(ema.ema[1].running_mean, 0.5 * mean + 0.5 * 2.0)
+
+
+def test_unwrap_model_sees_through_compile_ddp_like_and_distill_wrappers():
+    from yolofast.engine.ema import unwrap_model
+
+    model = small_model()
+
+    class Distill(nn.Module):
+        def __init__(self, student):
+            super().__init__()
+            self.student = student
+            self.proj = nn.Linear(2, 2)
+
+    assert unwrap_model(model) is model
+    assert unwrap_model(torch.compile(model)) is model
+    assert unwrap_model(nn.DataParallel(Distill(model))) is model
+    assert unwrap_model(torch.compile(Distill(model))) is model

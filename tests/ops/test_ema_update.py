@@ -166,3 +166,46 @@ def test_multi_tensor_public_wrapper_and_errors(lib):
     with pytest.raises(RuntimeError, match="not dense"):
         torch.ops.yolofast.ema_update.multi([torch.zeros(8)[::2]], [torch.zeros(4)], d)
     torch.library.opcheck(torch.ops.yolofast.ema_update.multi, (*_state_lists(3), d))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_plan_step_is_the_counter_the_decay_then_the_multi_kernel(lib, threads):
+    """EmaPlan.step (ModelEMA's CPU step): updates += 1, d = decay*(1 - exp(-updates/tau)) in float64 in
+    the order of ModelEMA.decay_tensor(), then ema_update.multi with that d, bit for bit over several
+    steps; integers copied, a model tensor in another layout than the EMA's read right."""
+    ema, model = _state_lists(4)
+    model[0] = model[0].contiguous()  # the EMA's is channels_last: read through a copy laid out like it
+    want = [t.clone() for t in ema]
+    updates = torch.tensor(1000, dtype=torch.int64)
+    plan = lib.ema_plan(ema, model, 0.9999, 2000.0)
+    prev = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for step in (1001, 1002, 1003):
+            plan.step(updates)
+            assert updates.item() == step
+            d = 0.9999 * (1 - torch.exp(-torch.tensor(step, dtype=torch.float64) / 2000.0))
+            torch.ops.yolofast.ema_update.multi(want, model, d)
+            for i, (a, b) in enumerate(zip(ema, want)):
+                assert torch.equal(a, b), (step, i)
+    finally:
+        torch.set_num_threads(prev)
+    assert ema[-1].item() == 7 and ema[0].is_contiguous(memory_format=torch.channels_last)
+
+
+def test_plan_follows_replaced_data_and_reports_bad_arguments(lib):
+    """The plan holds the model's tensor objects: one whose .data is replaced (Module.to does that) is read
+    from its new memory. A bad counter or a mismatched pair is an error that says what to pass."""
+    ema = [torch.zeros(4)]
+    p = torch.nn.Parameter(torch.zeros(4))
+    plan = lib.ema_plan(ema, [p], 0.5, 1e-9)  # d = 0.5 from the first step
+    p.data = torch.full((4,), 2.0)
+    plan.step(torch.tensor(0))
+    assert torch.equal(ema[0], torch.full((4,), 1.0))
+    with pytest.raises(RuntimeError, match="int64 CPU tensor"):
+        plan.step(torch.tensor(0.0))
+    p.data = torch.zeros(5)
+    with pytest.raises(RuntimeError, match="differ in shape"):
+        plan.step(torch.tensor(0))
+    with pytest.raises(RuntimeError, match="model tensors"):
+        lib.ema_plan([torch.zeros(3)], [], 0.5, 1.0)

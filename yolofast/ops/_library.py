@@ -356,6 +356,14 @@ def ema_update_multi(ema: list[Tensor], model: list[Tensor], decay) -> None:
     torch.ops.yolofast.ema_update.multi(list(ema), list(model), decay)
 
 
+def ema_plan(ema: list[Tensor], model: list[Tensor], decay: float, tau: float):
+    """Compiled ``ModelEMA`` step over fixed lists of CPU tensors (``torch.classes.yolofast.EmaPlan``):
+    ``plan.step(updates)`` adds 1 to the int64 counter, forms d = decay*(1 - exp(-updates/tau)) and
+    updates every pair as ``ema_update_multi``, in one call of one argument."""
+    _ensure_loaded()
+    return torch.classes.yolofast.EmaPlan(list(ema), list(model), float(decay), float(tau))
+
+
 def simd_lanes() -> int:
     """Debug: floats per SIMD vector in the loaded CPU build (16 AVX-512, 8 AVX2, 4 NEON)."""
     _ensure_loaded()
