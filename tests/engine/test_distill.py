@@ -223,6 +223,43 @@ def test_resume_with_teacher_equals_uninterrupted(shapes, teacher_pt, tmp_path, 
                                                                       rel=1e-5)
 
 
+def test_nonfinite_restore_puts_the_projectors_back(shapes, teacher_pt, tmp_path):
+    """Three non-finite losses in a row restore the start-of-epoch state: the projectors too, not only the
+    student, EMA and optimizer (whose moments would otherwise meet diverged projector weights)."""
+    # batch 2, nbs 2: 4 optimizer steps an epoch; epoch 2 is calls 4..7, call 4 steps, 5-7 are NaN.
+    t = Trainer(data=shapes, epochs=2, project=tmp_path, name="nan", distill_model=teacher_pt,
+                **{**FAST, "batch": 2, "nbs": 2, "val": False, "mosaic": 0.0, "warmup_epochs": 0.0})
+    calls, seen = {"n": 0}, {}
+
+    def poison(tr):
+        crit = tr.train_loss
+
+        def loss(feats, batch):
+            total, items = crit(feats, batch)
+            calls["n"] += 1
+            return (total * float("nan") if calls["n"] - 1 in (5, 6, 7) else total), items
+
+        tr.train_loss = loss
+
+    def at_epoch_start(tr):
+        if tr.epoch == 1:
+            seen["proj"] = {k: v.clone() for k, v in tr.step_model.projector.state_dict().items()}
+
+    def after_step(tr):
+        if tr.epoch == 1:  # the one good step of epoch 2 moved the projectors: the restore has work to do
+            now = tr.step_model.projector.state_dict()
+            seen["moved"] = any(not torch.equal(now[k], v) for k, v in seen["proj"].items())
+
+    t.add_callback("on_pretrain_routine_end", poison)
+    t.add_callback("on_train_epoch_start", at_epoch_start)
+    t.add_callback("optimizer_step", after_step)
+    with pytest.warns(UserWarning, match="restored model, EMA, optimizer and scaler"):
+        t.train()
+    assert t.nonfinite.restores == 1 and seen["moved"]
+    for k, v in t.step_model.projector.state_dict().items():
+        torch.testing.assert_close(v, seen["proj"][k], rtol=0, atol=0, msg=k)
+
+
 def test_compiled_distill_step_fullgraph_equals_eager():
     """torch.compile (fullgraph, aot_eager: the graphs inductor gets) of the step with the teacher's
     forward inside: no graph break, the eager loss, items and gradients."""
