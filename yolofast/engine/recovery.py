@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from yolofast.engine import distill
+from yolofast.engine.loader import halved_batch
 
 __all__ = ["NonFiniteGuard", "NonFiniteLossError", "OutOfMemoryHalving", "is_out_of_memory"]
 
@@ -171,8 +172,9 @@ class OutOfMemoryHalving:
         # at most `accumulate - 1` batches accumulated before it.
         t.optimizer.zero_grad(set_to_none=True)
         self.halvings += 1
-        new = old // 2
-        warnings.warn(f"out of memory {where} with batch={old}: halving to batch={new} ({self.halvings}/"
+        new = halved_batch(t.train_loader.dataset, old, images_done)
+        why = f" (rect: a divisor of {old}, so each batch keeps its rect shape)" if new != old // 2 else ""
+        warnings.warn(f"out of memory {where} with batch={old}: halving to batch={new}{why} ({self.halvings}/"
                       f"{self.max_halvings}); the epoch goes on from image {images_done}", stacklevel=2)
         t.rebuild_train_loader(new, epoch, skip=images_done)
         return images_done // new
