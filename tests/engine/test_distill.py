@@ -324,6 +324,30 @@ def test_bench_train_step_distill_variants(emulated_graphs):
         mod.make_step("bf17_dis", imgsz=64, batch=2, nc=3, device=torch.device("cpu"))
 
 
+def test_distill_experiment_script_pairs_seeds_and_sets_the_clip(shapes, teacher_pt, tmp_path):
+    """benchmarks/distill_experiment.py: a student without and one with the teacher per seed, the clip
+    applied to both arms (Trainer.max_norm: a tiny clip shrinks every step, a huge one none), and a finished
+    run is read back instead of trained again."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "distill_experiment.py"
+    spec = importlib.util.spec_from_file_location("yolofast_distill_experiment", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    recipe = {**FAST, "data": shapes, "epochs": 1, "mosaic": 0.0}
+    for max_norm, frac in ((1e-3, 1.0), (1e9, 0.0)):
+        res = mod.run(teacher_pt, seeds=(0,), max_norm=max_norm, project=tmp_path, overrides=recipe)
+        assert [r["arm"] for r in res] == ["without a teacher", "dis=6"]
+        assert [r["clip_frac"] for r in res] == [frac, frac]
+        assert res[0]["dis_loss"] != res[0]["dis_loss"] and res[1]["dis_loss"] > 0  # NaN: no column
+    csv_file = tmp_path / "dis6_clip1e+09_s0" / "results.csv"
+    before = csv_file.stat().st_mtime_ns
+    again = mod.run(teacher_pt, seeds=(0,), max_norm=1e9, project=tmp_path, overrides=recipe)
+    assert [(r["map"], r["grad_norm"]) for r in again] == [(r["map"], r["grad_norm"]) for r in res]
+    assert csv_file.stat().st_mtime_ns == before
+    assert "| gain (paired by seed) |" in mod.table(res)
+
+
 def _ddp_worker(rank, world, port, out, teacher_state):
     import os
 
