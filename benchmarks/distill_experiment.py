@@ -86,8 +86,9 @@ def table(results: list[dict]) -> str:
     lines = ["| arm | seed | mAP50-95 | mAP50 | best epoch | clipped steps | grad norm (last) | dis_loss |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
+        dis = "–" if r["dis_loss"] != r["dis_loss"] else f"{r['dis_loss']:.3f}"  # NaN: no teacher
         lines.append(f"| {r['arm']} | {r['seed']} | {r['map']:.4f} | {r['map50']:.4f} | {r['best_epoch']} | "
-                     f"{r['clip_frac']:.0%} | {r['grad_norm']:.0f} | {r['dis_loss']:.3f} |")
+                     f"{r['clip_frac']:.0%} | {r['grad_norm']:.0f} | {dis} |")
     arms = list(dict.fromkeys(r["arm"] for r in results))
     lines += ["", "| arm | mAP50-95: mean ± std over seeds | mAP50 |", "| --- | --- | --- |"]
     for a in arms:
