@@ -223,6 +223,43 @@ def test_resume_with_teacher_equals_uninterrupted(shapes, teacher_pt, tmp_path, 
                                                                       rel=1e-5)
 
 
+def test_nonfinite_restore_puts_the_projectors_back(shapes, teacher_pt, tmp_path):
+    """Three non-finite losses in a row restore the start-of-epoch state: the projectors too, not only the
+    student, EMA and optimizer (whose moments would otherwise meet diverged projector weights)."""
+    # batch 2, nbs 2: 4 optimizer steps an epoch; epoch 2 is calls 4..7, call 4 steps, 5-7 are NaN.
+    t = Trainer(data=shapes, epochs=2, project=tmp_path, name="nan", distill_model=teacher_pt,
+                **{**FAST, "batch": 2, "nbs": 2, "val": False, "mosaic": 0.0, "warmup_epochs": 0.0})
+    calls, seen = {"n": 0}, {}
+
+    def poison(tr):
+        crit = tr.train_loss
+
+        def loss(feats, batch):
+            total, items = crit(feats, batch)
+            calls["n"] += 1
+            return (total * float("nan") if calls["n"] - 1 in (5, 6, 7) else total), items
+
+        tr.train_loss = loss
+
+    def at_epoch_start(tr):
+        if tr.epoch == 1:
+            seen["proj"] = {k: v.clone() for k, v in tr.step_model.projector.state_dict().items()}
+
+    def after_step(tr):
+        if tr.epoch == 1:  # the one good step of epoch 2 moved the projectors: the restore has work to do
+            now = tr.step_model.projector.state_dict()
+            seen["moved"] = any(not torch.equal(now[k], v) for k, v in seen["proj"].items())
+
+    t.add_callback("on_pretrain_routine_end", poison)
+    t.add_callback("on_train_epoch_start", at_epoch_start)
+    t.add_callback("optimizer_step", after_step)
+    with pytest.warns(UserWarning, match="restored model, EMA, optimizer and scaler"):
+        t.train()
+    assert t.nonfinite.restores == 1 and seen["moved"]
+    for k, v in t.step_model.projector.state_dict().items():
+        torch.testing.assert_close(v, seen["proj"][k], rtol=0, atol=0, msg=k)
+
+
 def test_compiled_distill_step_fullgraph_equals_eager():
     """torch.compile (fullgraph, aot_eager: the graphs inductor gets) of the step with the teacher's
     forward inside: no graph break, the eager loss, items and gradients."""
@@ -285,6 +322,46 @@ def test_bench_train_step_distill_variants(emulated_graphs):
     assert step.graphed.graph.replays == 3 and losses[0] != losses[2]
     with pytest.raises(ValueError, match="unknown variant"):
         mod.make_step("bf17_dis", imgsz=64, batch=2, nc=3, device=torch.device("cpu"))
+
+
+def test_distill_experiment_script_pairs_seeds_and_sets_the_clip(shapes, teacher_pt, tmp_path):
+    """benchmarks/distill_experiment.py: a student without and one with the teacher per seed, the clip
+    applied to both arms (Trainer.max_norm: a tiny clip shrinks every step, a huge one none), and a finished
+    run is read back instead of trained again."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "distill_experiment.py"
+    spec = importlib.util.spec_from_file_location("yolofast_distill_experiment", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    recipe = {**FAST, "data": shapes, "epochs": 1, "mosaic": 0.0}
+    for max_norm, frac in ((1e-3, 1.0), (1e9, 0.0)):
+        res = mod.run(teacher_pt, seeds=(0,), max_norm=max_norm, project=tmp_path, overrides=recipe)
+        assert [r["arm"] for r in res] == ["without a teacher", "dis=6"]
+        assert [r["clip_frac"] for r in res] == [frac, frac]
+        assert res[0]["dis_loss"] != res[0]["dis_loss"] and res[1]["dis_loss"] > 0  # NaN: no column
+    csv_file = tmp_path / "dis6_clip1e+09_s0" / "results.csv"
+    before = csv_file.stat().st_mtime_ns
+    again = mod.run(teacher_pt, seeds=(0,), max_norm=1e9, project=tmp_path, overrides=recipe)
+    assert [(r["map"], r["grad_norm"]) for r in again] == [(r["map"], r["grad_norm"]) for r in res]
+    assert csv_file.stat().st_mtime_ns == before
+    assert "| gain (paired by seed) |" in mod.table(res)
+
+
+def test_clip_check_compares_adam_displacements(shapes, teacher_pt):
+    """benchmarks/distill_grad_ratio.py --clip-steps: three runs from one start on the same batches; the
+    reference compared with itself is exact, and dropping the teacher changes the displacement more than
+    dropping the clip does (here after 3 steps of a yolov8n at 64 px)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "distill_grad_ratio.py"
+    spec = importlib.util.spec_from_file_location("yolofast_distill_grad_ratio", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = mod.clip_check(str(Path(shapes)), teacher_pt, imgsz=64, steps=3)
+    assert out["distilled, clip 10"]["cos"] == pytest.approx(1.0)
+    assert out["distilled, clip 10"]["grad_norm"] > 10  # every step clipped, as in the real runs
+    assert out["no teacher, clip 10"]["cos"] < out["distilled, no clip"]["cos"]
 
 
 def _ddp_worker(rank, world, port, out, teacher_state):

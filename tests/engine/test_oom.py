@@ -40,6 +40,7 @@ class _OOMModel(torch.nn.Module):
         if self.fail(img.shape[0], self.calls):
             raise self.error(img.shape[0])
         self.trainer.seen.setdefault(self.trainer.epoch, []).extend(self.trainer.files)
+        self.trainer.shapes.setdefault(self.trainer.epoch, []).extend([tuple(img.shape[-2:])] * img.shape[0])
         return self.inner(img)
 
 
@@ -51,7 +52,7 @@ class _Recording(Trainer):
 
 def _train(shapes, tmp_path, name, fail=lambda n, c: False, error=None, **kw):
     t = _Recording(data=shapes, project=tmp_path, name=name, **{**FAST, **kw})
-    t.seen = {}
+    t.seen, t.shapes = {}, {}
     t.add_callback("on_pretrain_routine_end",
                    lambda tr: setattr(tr, "train_model", _OOMModel(tr, fail, error)))
     return t, t.train()
@@ -85,6 +86,49 @@ def test_oom_odd_batch_twice_mid_epoch(shapes, tmp_path):
     assert t.batch_size == 1 and t.oom.halvings == 2
     assert t.seen[0] == ref.seen[0] and len(t.seen[1]) == 12 and sorted(t.seen[1]) == sorted(ref.seen[1])
     assert t.nb == 12 and t.last_opt_step == 2 * 12 - 1  # epoch 2's last batch stepped (ni = 12 + 11)
+
+
+def _rect_data(root):
+    """9 wide (32 x 64) then 6 tall (64 x 32) images in aspect-ratio order: at batch 5 the rect batches
+    are wide, square (4 wide + 1 tall) and tall."""
+    import cv2
+    import numpy as np
+
+    for d in ("images", "labels"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    for i in range(15):
+        h, w = (32, 64) if i < 9 else (64, 32)
+        img = np.full((h, w, 3), 114, np.uint8)
+        img[h // 4: 3 * h // 4, w // 4: 3 * w // 4] = (0, 0, 255)
+        cv2.imwrite(str(root / "images" / f"{i:02d}.png"), img)
+        (root / "labels" / f"{i:02d}.txt").write_text("0 0.5 0.5 0.5 0.5\n")
+    (root / "data.yaml").write_text(f"path: {root}\ntrain: images\nval: images\nnames: [box]\n")
+    return str(root / "data.yaml")
+
+
+@pytest.mark.parametrize("fail_call, new_batch", [(2, 1), (1, 2)])
+def test_oom_halving_keeps_rect_batches_of_one_shape(tmp_path, fail_call, new_batch):
+    """rect=True at batch 5 (odd): 5 // 2 = 2 would stack a wide and a square image into one batch.
+    Mid-epoch (the 2nd batch fails) the new size divides 5, so every image keeps its rect batch's shape;
+    on an epoch's first batch the rect batches are re-cut for the new size. Both epochs see every image
+    once, in the undisturbed order."""
+    data = _rect_data(tmp_path)
+    ref, _ = _train(data, tmp_path, "ref", batch=5, epochs=2, rect=True)
+    assert sorted(set(ref.shapes[0])) == [(32, 64), (64, 32), (64, 64)]
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        t, _ = _train(data, tmp_path, "oom", fail=lambda n, c: c == fail_call, batch=5, epochs=2, rect=True)
+    assert t.batch_size == new_batch and t.oom.halvings == 1
+    msgs = [str(x.message) for x in w if "out of memory" in str(x.message)]
+    assert len(msgs) == 1 and f"batch={new_batch}" in msgs[0]
+    assert ("a divisor of 5" in msgs[0]) == (new_batch == 1), msgs
+    for e in (0, 1):
+        assert t.seen[e] == ref.seen[e] and len(set(t.seen[e])) == 15
+    if new_batch == 1:  # the images after the failure kept their shapes
+        assert t.shapes == ref.shapes
+    else:  # re-cut at 2: wide pairs, one square pair (the 9th and 10th image), tall pairs
+        assert t.shapes[1] == [(32, 64)] * 8 + [(64, 64)] * 2 + [(64, 32)] * 5
+    assert t.nb == 15 // new_batch + (15 % new_batch > 0)
 
 
 def test_cudnn_alloc_failure_counts_as_oom_other_errors_do_not(shapes, tmp_path):
@@ -138,6 +182,19 @@ def test_autobatch_choice_sizes_the_loader(shapes, tmp_path, monkeypatch):
     assert seen["fraction"] == 0.5 and seen["imgsz"] == 64 and seen["max_gt"] >= 16
     assert t.batch_size == 3 and t.args.batch == 3 and t.train_loader.batch_size == 3 and t.nb == 4
     assert t.accumulate == 1  # nbs=2 <= 3
+
+
+def test_autobatch_choice_recuts_rect_batches(tmp_path, monkeypatch):
+    """rect=True with AutoBatch: the rect batches are cut again at the chosen size (here 4; at the default
+    16 all 15 images were one square batch), so each loader batch is one rect batch with its own shape."""
+    import yolofast.engine.trainer as tr
+
+    monkeypatch.setattr(tr, "autobatch", lambda *a, **k: 4)
+    t = Trainer(data=_rect_data(tmp_path), project=tmp_path, name="abr", batch=0.5, epochs=1, rect=True,
+                **FAST)
+    t._setup_train()
+    shapes = [tuple(b["img"].shape[-2:]) for b in t.train_loader]
+    assert shapes == [(32, 64)] * 2 + [(64, 64), (64, 32)]  # 8 wide; 1 wide + 3 tall; 3 tall
 
 
 @pytest.mark.parametrize("bad", [0, -2, 1.5, 2.5])

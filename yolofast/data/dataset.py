@@ -361,12 +361,13 @@ class YOLODataset(Dataset):
                             f"see the warnings above")
         if single_cls:  # copies: the label cache's arrays stay as read
             self.labels = [{**lb, "cls": np.zeros_like(lb["cls"])} for lb in self.labels]
-        self.rect = bool(rect)
+        self.rect, self.rect_pad = bool(rect), pad
         if self.rect:  # reorder by aspect ratio; batch i of the loader is batch i of these shapes
             order, self.batch_index, self.batch_shapes = A.rect_batch_shapes(
                 np.array([lb["shape"] for lb in self.labels], dtype=np.float64), imgsz, stride, batch_size,
                 pad)
             self.labels = [self.labels[i] for i in order]
+            self.rect_batch_size = int(batch_size)
             for k in ("mosaic", "mixup", "cutmix"):  # whole-image mixes need one shape: off (as Ultralytics)
                 self.hyp[k] = 0.0
         if augment and self.hyp["copy_paste"] > 0 and not _COPY_PASTE_REPORTED:
@@ -391,6 +392,18 @@ class YOLODataset(Dataset):
 
     def reseed(self, seed: int) -> None:
         self.rng = np.random.default_rng(seed)
+
+    def set_rect_batch_size(self, batch_size: int) -> None:
+        """Re-cut the rect batches for a loader of ``batch_size`` (the images keep their aspect-ratio
+        order, so loader batch i is again rect batch i). For a loader that starts at an epoch's first
+        image: AutoBatch's size, or an out-of-memory halving on an epoch's first batch."""
+        if not self.rect:
+            return
+        order, self.batch_index, self.batch_shapes = A.rect_batch_shapes(
+            np.array([lb["shape"] for lb in self.labels], dtype=np.float64), self.imgsz, self.stride,
+            batch_size, self.rect_pad)
+        assert (order == np.arange(len(order))).all(), "rect labels lost their aspect-ratio order"
+        self.rect_batch_size = int(batch_size)
 
     def close_mosaic(self) -> None:
         """Switch mosaic, mixup and cutmix off (the last `close_mosaic` epochs); affine/HSV/flips stay."""

@@ -214,8 +214,10 @@ class GraphedTrainStep:
     """The trainer's CUDA-graph step: ``step(batch) -> (loss, items, grad_norm)``, or None when this batch
     must run eagerly (other shape, too many GT, capture failed or graphs were turned off)."""
 
-    def __init__(self, model, loss_fn, optimizer, ema, amp_dtype, gt_bucket: int, batch_size: int):
+    def __init__(self, model, loss_fn, optimizer, ema, amp_dtype, gt_bucket: int, batch_size: int,
+                 max_norm: float = 10.0):
         self.model, self.loss_fn, self.optimizer, self.ema = model, loss_fn, optimizer, ema
+        self.max_norm = max_norm
         self.amp_dtype, self.m, self.batch_size = amp_dtype, int(gt_bucket), int(batch_size)
         self.step: CudaGraphStep | None = None
         self.off = None  # the reason graphs were turned off, once they are
@@ -246,7 +248,7 @@ class GraphedTrainStep:
                 if not torch.is_tensor(lr) or lr.device != dev or lr.dtype != torch.float32:
                     g["lr"] = torch.tensor(float(lr), dtype=torch.float32, device=dev)
             self.step = capture_train_step(self.model, self.loss_fn, self.optimizer, self.ema, b,
-                                           self.amp_dtype)
+                                           self.amp_dtype, self.max_norm)
             if self.step is None:
                 self.disable("capture failed (reason above)")
                 return None

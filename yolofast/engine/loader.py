@@ -11,7 +11,8 @@ from yolofast.engine import cudagraph, optim
 from yolofast.engine.compile import compile_mode
 from yolofast.engine.distributed import unwrap_model
 
-__all__ = ["build_loader", "close_mosaic", "epoch_batches", "rebuild_train_loader", "static_batches"]
+__all__ = ["build_loader", "close_mosaic", "epoch_batches", "halved_batch", "rebuild_train_loader",
+           "static_batches"]
 
 _HYP = ("hsv_h", "hsv_s", "hsv_v", "degrees", "translate", "scale", "shear", "perspective", "flipud",
         "fliplr", "mosaic", "mixup", "bgr", "cutmix", "copy_paste")
@@ -58,6 +59,8 @@ def rebuild_train_loader(t, batch_size: int, epoch: int, skip: int = 0) -> None:
 
     a = t.args
     ds = t.train_loader.dataset
+    if getattr(ds, "rect", False) and skip == 0:  # mid-epoch, halved_batch keeps the rect batches whole
+        ds.set_rect_batch_size(batch_size)
     t.train_loader = build_dataloader(ds, batch_size, a.workers, shuffle=not getattr(ds, "rect", False),
                                       rank=t.rank, seed=a.seed, epoch_sampler=True,
                                       drop_last=static_batches(t, len(ds), batch_size))
@@ -72,6 +75,20 @@ def rebuild_train_loader(t, batch_size: int, epoch: int, skip: int = 0) -> None:
     if hasattr(t, "optimizer"):  # weight decay is sized for batch x accumulate (group 1: the weights)
         t.optimizer.param_groups[1]["weight_decay"] = optim.scaled_weight_decay(a.weight_decay, a.batch,
                                                                                 t.accumulate, a.nbs)
+
+
+def halved_batch(ds, old: int, skip: int) -> int:
+    """The batch size after an out-of-memory halving of ``old`` with ``skip`` images of the epoch done.
+
+    Half of it, except for rect batches mid-epoch: their images are letterboxed to the shape of their rect
+    batch of ``ds.rect_batch_size``, so the new size is the largest divisor of ``old`` up to ``old // 2``
+    (``old`` divides the rect batch): every new batch is then a whole piece of one rect batch and keeps its
+    shape, where ``old // 2`` of an odd ``old`` (7 of 15) would stack two shapes into one batch. At an
+    epoch's start the rect batches are re-cut for the new size instead (``rebuild_train_loader``)."""
+    new = old // 2
+    if getattr(ds, "rect", False) and skip:
+        new = max(d for d in range(1, new + 1) if old % d == 0)
+    return new
 
 
 def epoch_batches(t):

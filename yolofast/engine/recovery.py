@@ -6,8 +6,8 @@ last.pt holds, or the start state) and ``guard.check(loss, batch, epoch, step)``
 * finite -> True, the streak resets;
 * non-finite -> False: the caller skips the step (no backward, no optimizer or EMA update); the batch's
   files are logged and counted in ``guard.skipped``;
-* ``patience`` (3) non-finite losses in a row -> model, EMA, optimizer and scaler are restored from the
-  snapshot (said in the log) and training goes on;
+* ``patience`` (3) non-finite losses in a row -> model, EMA, optimizer, scaler and, with a teacher, the
+  distillation projectors are restored from the snapshot (said in the log) and training goes on;
 * still non-finite ``patience`` more times in a row after ``max_restores`` restores -> ``NonFiniteLossError``
   naming the epoch, the step and the last good checkpoint.
 """
@@ -20,6 +20,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from yolofast.engine import distill
+from yolofast.engine.loader import halved_batch
 
 __all__ = ["NonFiniteGuard", "NonFiniteLossError", "OutOfMemoryHalving", "is_out_of_memory"]
 
@@ -63,6 +66,9 @@ class NonFiniteGuard:
             "ema": _cpu_copy(t.ema.state_dict()),
             "optimizer": _cpu_copy(t.optimizer.state_dict()),
             "scaler": _cpu_copy(t.scaler.state_dict()),
+            # The projectors are trained with the model (the optimizer's state covers them): restoring the
+            # optimizer without them would pair the epoch-start moments with diverged projector weights.
+            **_cpu_copy(distill.checkpoint_state(getattr(t, "step_model", None))),
         }
         self._epoch = getattr(t, "epoch", 0)
 
@@ -104,6 +110,7 @@ class NonFiniteGuard:
 
         t, s = self.trainer, self._state
         unwrap_model(t.model).load_state_dict(s["model"])
+        distill.restore_state(getattr(t, "step_model", None), s, "the start-of-epoch snapshot")
         t.ema.load_state_dict(copy.deepcopy(s["ema"]))
         t.optimizer.load_state_dict(copy.deepcopy(s["optimizer"]))
         t.scaler.load_state_dict(copy.deepcopy(s["scaler"]))
@@ -165,8 +172,9 @@ class OutOfMemoryHalving:
         # at most `accumulate - 1` batches accumulated before it.
         t.optimizer.zero_grad(set_to_none=True)
         self.halvings += 1
-        new = old // 2
-        warnings.warn(f"out of memory {where} with batch={old}: halving to batch={new} ({self.halvings}/"
+        new = halved_batch(t.train_loader.dataset, old, images_done)
+        why = f" (rect: a divisor of {old}, so each batch keeps its rect shape)" if new != old // 2 else ""
+        warnings.warn(f"out of memory {where} with batch={old}: halving to batch={new}{why} ({self.halvings}/"
                       f"{self.max_halvings}); the epoch goes on from image {images_done}", stacklevel=2)
         t.rebuild_train_loader(new, epoch, skip=images_done)
         return images_done // new

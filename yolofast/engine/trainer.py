@@ -102,6 +102,10 @@ class Trainer:
     ``resume="path/last.pt"`` continues that run with its own recipe.
     """
 
+    # Ultralytics' clip of the total gradient norm. The loss is x batch, so on the quick-start run every
+    # step's norm is 80-1000 and every step is clipped (as in Ultralytics); a subclass may set another.
+    max_norm: float = 10.0
+
     def __init__(self, overrides: dict | None = None, _callbacks: Callbacks | None = None, **kwargs):
         overrides = {**(overrides or {}), **kwargs}
         self._model_obj = overrides.get("model") if isinstance(overrides.get("model"), nn.Module) else None
@@ -158,7 +162,7 @@ class Trainer:
         self.loss_names = list(LOSS_NAMES)  # the loss items: progress header, results.csv, TensorBoard
         self.stop = False
         self.train_time = 0.0  # seconds, carried across resumes for results.csv's `time`
-        self.grad_norm = GradNormStats(max_norm=10.0)  # pre-clip norm of every optimizer step (gradnorm.py)
+        self.grad_norm = GradNormStats(self.max_norm)  # pre-clip norm of every optimizer step (gradnorm.py)
         self.prof = make_profiler(self.args.profile, self.device)  # profile=True: the epoch's time split
         self.loggers = default_loggers(self)  # progress bar, results.csv/png, TensorBoard (loggers.py)
 
@@ -352,7 +356,8 @@ class Trainer:
         elif graph_why == []:
             bucket = autobatch_gt(self.train_loader.dataset, a.mosaic)  # GT rows of the captured batch
             self.graph = GraphedTrainStep(self.step_model, self.train_loss, self.optimizer, self.ema,
-                                          self.amp_dtype, gt_bucket=bucket, batch_size=self.batch_size)
+                                          self.amp_dtype, gt_bucket=bucket, batch_size=self.batch_size,
+                                          max_norm=self.max_norm)
 
         if self.resume_ckpt is not None:
             resume.restore(self, self._resume_state)  # model, EMA, optimizer, ..., RNG: resume.py
@@ -512,10 +517,9 @@ class Trainer:
         return out
 
     def optimizer_step(self) -> None:
-        """unscale -> clip_grad_norm_(10.0) -> step -> scaler update -> zero_grad -> EMA update."""
+        """unscale -> clip_grad_norm_(max_norm, 10.0) -> step -> scaler update -> zero_grad -> EMA update."""
         self.scaler.unscale_(self.optimizer)
-        # 10.0 bounds the rare huge gradients of early iterations (loss is × batch); normal ones pass.
-        self.grad_norm.add(torch.nn.utils.clip_grad_norm_(self.step_model.parameters(), max_norm=10.0))
+        self.grad_norm.add(torch.nn.utils.clip_grad_norm_(self.step_model.parameters(), self.max_norm))
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.run_callbacks("optimizer_step")
