@@ -517,7 +517,8 @@ class Trainer:
         return out
 
     def optimizer_step(self) -> None:
-        """unscale -> clip_grad_norm_(max_norm, 10.0) -> step -> scaler update -> zero_grad -> EMA update."""
+        """unscale -> clip_grad_norm_(max_norm: 10 unless a subclass sets it) -> step -> scaler update ->
+        zero_grad -> EMA update."""
         self.scaler.unscale_(self.optimizer)
         self.grad_norm.add(torch.nn.utils.clip_grad_norm_(self.step_model.parameters(), self.max_norm))
         self.scaler.step(self.optimizer)
