@@ -363,11 +363,8 @@ class YOLODataset(Dataset):
             self.labels = [{**lb, "cls": np.zeros_like(lb["cls"])} for lb in self.labels]
         self.rect, self.rect_pad = bool(rect), pad
         if self.rect:  # reorder by aspect ratio; batch i of the loader is batch i of these shapes
-            order, self.batch_index, self.batch_shapes = A.rect_batch_shapes(
-                np.array([lb["shape"] for lb in self.labels], dtype=np.float64), imgsz, stride, batch_size,
-                pad)
+            order = self._cut_rect_batches(batch_size)
             self.labels = [self.labels[i] for i in order]
-            self.rect_batch_size = int(batch_size)
             for k in ("mosaic", "mixup", "cutmix"):  # whole-image mixes need one shape: off (as Ultralytics)
                 self.hyp[k] = 0.0
         if augment and self.hyp["copy_paste"] > 0 and not _COPY_PASTE_REPORTED:
@@ -399,11 +396,16 @@ class YOLODataset(Dataset):
         image: AutoBatch's size, or an out-of-memory halving on an epoch's first batch."""
         if not self.rect:
             return
+        order = self._cut_rect_batches(batch_size)
+        assert (order == np.arange(len(order))).all(), "rect labels lost their aspect-ratio order"
+
+    def _cut_rect_batches(self, batch_size: int) -> np.ndarray:
+        """Set batch_index/batch_shapes for rect batches of ``batch_size`` over the labels as they stand;
+        returns the aspect-ratio order of the labels (``augment.rect_batch_shapes``)."""
         order, self.batch_index, self.batch_shapes = A.rect_batch_shapes(
             np.array([lb["shape"] for lb in self.labels], dtype=np.float64), self.imgsz, self.stride,
             batch_size, self.rect_pad)
-        assert (order == np.arange(len(order))).all(), "rect labels lost their aspect-ratio order"
-        self.rect_batch_size = int(batch_size)
+        return order
 
     def close_mosaic(self) -> None:
         """Switch mosaic, mixup and cutmix off (the last `close_mosaic` epochs); affine/HSV/flips stay."""

@@ -81,7 +81,7 @@ def halved_batch(ds, old: int, skip: int) -> int:
     """The batch size after an out-of-memory halving of ``old`` with ``skip`` images of the epoch done.
 
     Half of it, except for rect batches mid-epoch: their images are letterboxed to the shape of their rect
-    batch of ``ds.rect_batch_size``, so the new size is the largest divisor of ``old`` up to ``old // 2``
+    batch, so the new size is the largest divisor of ``old`` up to ``old // 2``
     (``old`` divides the rect batch): every new batch is then a whole piece of one rect batch and keeps its
     shape, where ``old // 2`` of an odd ``old`` (7 of 15) would stack two shapes into one batch. At an
     epoch's start the rect batches are re-cut for the new size instead (``rebuild_train_loader``)."""
