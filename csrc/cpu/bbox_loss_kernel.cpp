@@ -146,9 +146,80 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bbox_loss
   return {losses, gbox, gdfl, gcls, inv_s};
 }
 
-// The maps path keeps the box and DFL gradients of the foreground anchors only, compactly: at b8/640/50 GT
-// ~4 % of the anchors, so the forward no longer writes (and the backward no longer reads) 2 x 17 MB of
-// zero (B, 4R, H, W) rows.
+// Where the box and DFL gradients of S*L_box, S*L_dfl go: compact (the foreground anchors' rows only, at
+// b8/640/50 GT ~4 % of the anchors, so the forward no longer writes and the backward no longer reads 2 x 17 MB
+// of zero rows) or, for a static shape, one zero-initialised row per anchor (row b*A + a).
+struct FgRows {
+  std::vector<int64_t> row0;  // each block's first row
+  at::Tensor rows, index;     // (N, 2, 4R) [box, DFL], (N,) global anchor b*A + a, ascending
+};
+
+// blocks: in (b, level, anchor) order, which is ascending b*A + a; level_a0: each level's first anchor.
+FgRows foreground_rows(const std::vector<Block>& blocks, const std::vector<int64_t>& level_a0, const bool* fg,
+                       int64_t B, int64_t A, int64_t R4, bool compact, const at::TensorOptions& opt) {
+  FgRows out;
+  out.row0.resize(blocks.size());
+  int64_t nfg = 0;
+  for (size_t k = 0; k < blocks.size(); ++k) {
+    const int64_t first = blocks[k].b * A + level_a0[blocks[k].level];
+    if (!compact) {
+      out.row0[k] = first + blocks[k].i0;
+      continue;
+    }
+    out.row0[k] = nfg;
+    nfg += std::count(fg + first + blocks[k].i0, fg + first + blocks[k].i1, true);
+  }
+  if (compact) {
+    out.rows = at::empty({nfg, 2, R4}, opt);
+    out.index = at::empty({nfg}, opt.dtype(at::kLong));
+    poison({&out.rows});
+    if (poison_outputs()) out.index.fill_(-1);
+  } else {
+    out.rows = at::zeros({B * A, 2, R4}, opt);
+    out.index = at::arange(B * A, opt.dtype(at::kLong));
+  }
+  return out;
+}
+
+template <typename T>
+void write_compact(LossLevel<T>& L, FgRows& r, bool compact) {
+  L.compact = true, L.rows_by_anchor = !compact;
+  L.fg_rows = r.rows.mutable_data_ptr<T>();
+  L.fg_index = r.index.mutable_data_ptr<int64_t>();
+}
+
+// bbox_loss's CPU path: the (B, A, .) loss with the box and DFL gradients as foreground rows.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bbox_loss_rows_cpu(
+    const at::Tensor& pred_dist, const at::Tensor& pred_scores, const at::Tensor& anchor_points,
+    const at::Tensor& target_bboxes, const at::Tensor& target_scores, const at::Tensor& fg_mask, bool compact) {
+  yolofast_checks::bbox_loss_shapes(pred_dist, pred_scores, anchor_points, target_bboxes, target_scores, fg_mask,
+                                    kMaxRegMax);
+  const int64_t B = pred_dist.size(0), A = pred_dist.size(1), R4 = pred_dist.size(2), C = pred_scores.size(2);
+  const auto in =
+      yolofast_checks::bbox_loss_inputs(pred_dist, pred_scores, anchor_points, target_bboxes, target_scores, fg_mask);
+  const auto opt = in.pd.options();
+  auto gcls = at::empty({B, A, C}, opt);
+  poison({&gcls});
+  const std::vector<Block> blocks = make_blocks({A}, B, kRowBlock);
+  FgRows fr = foreground_rows(blocks, {0, A}, in.fg.const_data_ptr<bool>(), B, A, R4, compact, opt);
+
+  auto go = [&](auto zero) {
+    using T = decltype(zero);
+    LossLevel<T> L;
+    const auto pd = rows_of<T>(in.pd), ps = rows_of<T>(in.ps);
+    L.dist = {pd.p, pd.sb, pd.sc, pd.sa};
+    L.score = {ps.p, ps.sb, ps.sc, ps.sa};
+    L.gcls = rows_of<T>(gcls);
+    write_compact<T>(L, fr, compact);
+    L.n = A, L.a0 = 0;
+    return run_blocks<T>({L}, targets_of<T>(in.anc, in.tb, in.ts, in.fg, static_cast<int>(R4 / 4)), blocks,
+                         fr.row0);
+  };
+  const auto sums = in.f64 ? go(double(0)) : go(float(0));
+  auto [losses, inv_s] = losses_and_inv_s(sums, in.f64, opt);
+  return {losses, gcls, fr.rows, fr.index, inv_s};
+}
+
 std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor, at::Tensor> bbox_loss_maps_cpu(
     at::TensorList feats, const at::Tensor& anchor_points, const at::Tensor& target_bboxes,
     const at::Tensor& target_scores, const at::Tensor& fg_mask, int64_t reg_max, bool compact) {
@@ -163,34 +234,10 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor, at::Tens
     sizes.push_back(m.size(2) * m.size(3));
     poison({&gcls.back()});
   }
-  // Each block's first compact row: the foreground anchors before it in block order (b, level, anchor),
-  // which is ascending global index b*A + a.
   const std::vector<Block> blocks = make_blocks(sizes, B, kMapBlock);
   std::vector<int64_t> level_a0(sizes.size() + 1, 0);
   for (size_t l = 0; l < sizes.size(); ++l) level_a0[l + 1] = level_a0[l] + sizes[l];
-  const bool* fg = in.fg.const_data_ptr<bool>();
-  // compact = false: one row per anchor (row b*A + a, zero off the foreground), a static shape.
-  std::vector<int64_t> row0(blocks.size());
-  int64_t nfg = 0;
-  for (size_t k = 0; k < blocks.size(); ++k) {
-    const int64_t first = blocks[k].b * A + level_a0[blocks[k].level];
-    if (!compact) {
-      row0[k] = first + blocks[k].i0;
-      continue;
-    }
-    row0[k] = nfg;
-    nfg += std::count(fg + first + blocks[k].i0, fg + first + blocks[k].i1, true);
-  }
-  at::Tensor fg_rows, fg_index;
-  if (compact) {
-    fg_rows = at::empty({nfg, 2, R4}, opt);
-    fg_index = at::empty({nfg}, opt.dtype(at::kLong));
-    poison({&fg_rows});
-    if (poison_outputs()) fg_index.fill_(-1);
-  } else {
-    fg_rows = at::zeros({B * A, 2, R4}, opt);
-    fg_index = at::arange(B * A, opt.dtype(at::kLong));
-  }
+  FgRows fr = foreground_rows(blocks, level_a0, in.fg.const_data_ptr<bool>(), B, A, R4, compact, opt);
 
   auto go = [&](auto zero) {
     using T = decltype(zero);
@@ -204,18 +251,16 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor, at::Tens
       L.dist = {p, m.stride(0), m.stride(1), 1};
       L.score = {p + R4 * m.stride(1), m.stride(0), m.stride(1), 1};
       L.gcls = {gcls[l].mutable_data_ptr<T>(), C * hw, hw, 1};
-      L.compact = true, L.rows_by_anchor = !compact;
-      L.fg_rows = fg_rows.mutable_data_ptr<T>();
-      L.fg_index = fg_index.mutable_data_ptr<int64_t>();
+      write_compact<T>(L, fr, compact);
       L.n = hw, L.a0 = level_a0[l];
       levels.push_back(L);
     }
     return run_blocks<T>(levels, targets_of<T>(in.anc, in.tb, in.ts, in.fg, static_cast<int>(reg_max)), blocks,
-                         row0);
+                         fr.row0);
   };
   const auto sums = in.f64 ? go(double(0)) : go(float(0));
   auto [losses, inv_s] = losses_and_inv_s(sums, in.f64, opt);
-  return {losses, gcls, fg_rows, fg_index, inv_s};
+  return {losses, gcls, fr.rows, fr.index, inv_s};
 }
 
 // backward of yolofast::bbox_loss_maps: each map's gradient (B, 4R + C, H, W) written once, in one pass
@@ -365,6 +410,72 @@ std::tuple<at::Tensor, at::Tensor> bbox_loss_scale_cpu(const at::Tensor& gbox, c
   return {gdist, gscores};
 }
 
+// backward of yolofast::bbox_loss.rows in one pass: grad_pred_dist is c[0]*0 + c[2]*0 (NaN when an incoming
+// grad is not finite, as the dense product gives) except at the foreground rows, box*c[0] + DFL*c[2];
+// grad_pred_scores = gcls*c[1]. Chunks of anchors; each finds its run of the ascending index.
+template <typename T>
+void scale_rows(const at::Tensor& gcls, const T* rows, const int64_t* index, int64_t nfg, const T* c,
+                int64_t R4, at::Tensor& gdist, at::Tensor& gscores) {
+  using V = Vec<T>;
+  constexpr int64_t W = V::size();
+  const int64_t n_rows = gcls.size(0) * gcls.size(1), C = gcls.size(2);
+  const T c0 = c[0], c1 = c[1], c2 = c[2];
+  const T bg = c0 * T(0) + c2 * T(0);
+  const T* pc = gcls.const_data_ptr<T>();
+  T* od = gdist.mutable_data_ptr<T>();
+  T* os = gscores.mutable_data_ptr<T>();
+  const V v0(c0), v1(c1), v2(c2), vbg(bg);
+  // ~150 floats an anchor: 2048 anchors (~1.2 MB written) a chunk.
+  at::parallel_for(0, n_rows, 2048, [&](int64_t r0, int64_t r1) {
+    note_thread();
+    T* o = od + r0 * R4;
+    const int64_t nd = (r1 - r0) * R4;
+    int64_t j = 0;
+    for (; j + W <= nd; j += W) vbg.store(o + j);
+    for (; j < nd; ++j) o[j] = bg;
+    const int64_t k0 = std::lower_bound(index, index + nfg, r0) - index;
+    const int64_t k1 = std::lower_bound(index + k0, index + nfg, r1) - index;
+    for (int64_t k = k0; k < k1; ++k) {
+      const T* b = rows + k * 2 * R4;
+      const T* d = b + R4;
+      T* y = od + index[k] * R4;
+      int64_t i = 0;
+      for (; i + W <= R4; i += W) (V::loadu(b + i) * v0 + V::loadu(d + i) * v2).store(y + i);
+      for (; i < R4; ++i) y[i] = b[i] * c0 + d[i] * c2;
+    }
+    const T* x = pc + r0 * C;
+    T* s = os + r0 * C;
+    const int64_t ns = (r1 - r0) * C;
+    j = 0;
+    for (; j + W <= ns; j += W) (V::loadu(x + j) * v1).store(s + j);
+    for (; j < ns; ++j) s[j] = x[j] * c1;
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> bbox_loss_rows_scale_cpu(const at::Tensor& grad_scores, const at::Tensor& fg_rows,
+                                                            const at::Tensor& fg_index, const at::Tensor& c) {
+  TORCH_CHECK(grad_scores.dim() == 3 && fg_rows.dim() == 3 && fg_rows.size(1) == 2 && fg_index.dim() == 1 &&
+                  fg_index.size(0) == fg_rows.size(0) && c.numel() == 3,
+              "yolofast::_bbox_loss_rows_scale: expects bbox_loss.rows' class gradient (B, A, C), foreground "
+              "rows (N, 2, 4R), their index (N,) and c (3,); got ", grad_scores.sizes(), ", ", fg_rows.sizes(),
+              ", ", fg_index.sizes(), ", ", c.sizes());
+  const auto dt = grad_scores.scalar_type();
+  TORCH_CHECK((dt == at::kFloat || dt == at::kDouble) && fg_rows.scalar_type() == dt,
+              "yolofast::_bbox_loss_rows_scale: the gradients must be all float32 or all float64 (bbox_loss's "
+              "compute dtype)");
+  const int64_t B = grad_scores.size(0), A = grad_scores.size(1), R4 = fg_rows.size(2);
+  const at::Tensor gc = grad_scores.contiguous(), rows = fg_rows.contiguous();
+  const at::Tensor index = fg_index.to(at::kLong).contiguous(), cc = c.to(dt).contiguous();
+  at::Tensor gdist = at::empty({B, A, R4}, gc.options()), gscores = at::empty_like(gc);
+  if (dt == at::kDouble)
+    scale_rows<double>(gc, rows.const_data_ptr<double>(), index.const_data_ptr<int64_t>(), rows.size(0),
+                       cc.const_data_ptr<double>(), R4, gdist, gscores);
+  else
+    scale_rows<float>(gc, rows.const_data_ptr<float>(), index.const_data_ptr<int64_t>(), rows.size(0),
+                      cc.const_data_ptr<float>(), R4, gdist, gscores);
+  return {gdist, gscores};
+}
+
 // Debug: the SIMD register width (bits) the loss-path kernels were built for, 0 for at::vec's generic
 // scalar fallback; the tests check it matches the CPU flags the build targeted.
 int64_t bbox_vec_bits_cpu(const at::Tensor&) { return vec_isa(); }
@@ -373,6 +484,8 @@ int64_t bbox_vec_bits_cpu(const at::Tensor&) { return vec_isa(); }
 
 TORCH_LIBRARY_IMPL(yolofast, CPU, m) {
   m.impl("bbox_loss", &bbox_loss_cpu);
+  m.impl("bbox_loss.rows", &bbox_loss_rows_cpu);
+  m.impl("_bbox_loss_rows_scale", &bbox_loss_rows_scale_cpu);
   m.impl("bbox_loss_maps", &bbox_loss_maps_cpu);
   m.impl("_bbox_loss_scale", &bbox_loss_scale_cpu);
   m.impl("_bbox_loss_maps_scale", &bbox_loss_maps_scale_cpu);

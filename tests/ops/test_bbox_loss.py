@@ -251,3 +251,73 @@ def test_tal_assign_opcheck(lib):
     pd_bboxes = torch.cat((c - pwh / 2, c + pwh / 2), -1)
     args = (pd_scores, pd_bboxes, anc_px, gt_labels, gt_bboxes, mask_gt, 10, 0.5, 6.0, 1e-9)
     torch.library.opcheck(torch.ops.yolofast.tal_assign.default, args)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_rows_path_is_the_dense_op(lib, dtype):
+    """bbox_loss.rows (the CPU path of lib.bbox_loss) gives the dense op's losses and class gradient bit for
+    bit, and its foreground rows are the dense op's box/DFL rows, in both layouts: compact (one row per
+    foreground anchor, ascending index) and static (one row per anchor, zero off the foreground)."""
+    args = make_inputs(3, 203, 7, 12, fg_frac=0.3, dtype=dtype)  # 203 anchors: vector tails, 7 row blocks
+    fg = args[5]
+    losses, gb, gd, gs, inv_s = torch.ops.yolofast.bbox_loss(*args)
+    for compact in (True, False):
+        r_losses, r_gs, rows, index, r_inv = torch.ops.yolofast.bbox_loss.rows(*args, compact)
+        assert torch.equal(r_losses, losses) and torch.equal(r_gs, gs) and torch.equal(r_inv, inv_s)
+        want_index = fg.flatten().nonzero().squeeze(1) if compact else torch.arange(fg.numel())
+        assert torch.equal(index, want_index)
+        assert torch.equal(rows[:, 0], gb.flatten(0, 1)[want_index])
+        assert torch.equal(rows[:, 1], gd.flatten(0, 1)[want_index])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_rows_backward_matches_the_formula(lib, dtype):
+    """yolofast::_bbox_loss_rows_scale = gd_box*c0 + gd_dfl*c2 (from the foreground rows, 0 elsewhere) and
+    gs*c1; a non-finite incoming grad reaches the background rows too, as the dense product's does."""
+    args = make_inputs(2, 5000, 7, 11, fg_frac=0.3, dtype=dtype)  # 10000 anchors: several 2048-anchor chunks
+    _, gb, gd, gs, _ = torch.ops.yolofast.bbox_loss(*args)
+    for compact in (True, False):
+        _, r_gs, rows, index, _ = torch.ops.yolofast.bbox_loss.rows(*args, compact)
+        for c in ([0.7, 1.3, -0.4], [float("nan"), 1.0, 1.0]):
+            c = torch.tensor(c, dtype=dtype)
+            got_dist, got_scores = torch.ops.yolofast._bbox_loss_rows_scale(r_gs, rows, index, c)
+            want = (gb * c[0]).addcmul_(gd, c[2])
+            torch.testing.assert_close(got_dist, want, rtol=1e-6, atol=0, equal_nan=True)
+            torch.testing.assert_close(got_scores, gs * c[1], rtol=0, atol=0)
+    c = torch.tensor([0.7, 1.3, -0.4], dtype=dtype)
+    torch.library.opcheck(torch.ops.yolofast._bbox_loss_rows_scale.default, (r_gs, rows, index, c))
+
+
+def test_rows_every_output_element_written(lib, monkeypatch):
+    """NaN-poisoned outputs (YOLOFAST_POISON_OUTPUTS) of bbox_loss.rows and its backward: none survives."""
+    args = make_inputs(3, 777, 13, 5, fg_frac=0.3)
+    monkeypatch.setenv("YOLOFAST_POISON_OUTPUTS", "1")
+    out = torch.ops.yolofast.bbox_loss.rows(*args)
+    grads = torch.ops.yolofast._bbox_loss_rows_scale(out[1], out[2], out[3], torch.tensor([0.7, 1.3, -0.4]))
+    monkeypatch.delenv("YOLOFAST_POISON_OUTPUTS")
+    assert out[2].shape[0] == out[3].shape[0] == int(args[5].sum()) > 0
+    for t in (*out, *grads):
+        assert torch.isfinite(t).all()
+
+
+def test_rows_deterministic_and_thread_count_independent(lib):
+    args = make_inputs(2, 3000, 80, 1, fg_frac=0.1)
+    prev = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        a = losses_and_grads(lib.bbox_loss, args)
+        torch.set_num_threads(1)
+        b = losses_and_grads(lib.bbox_loss, args)
+    finally:
+        torch.set_num_threads(prev)
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)
+
+
+def test_rows_opcheck(lib):
+    pd, ps, anc, tb, ts, fg = make_inputs(2, 40, 5, 6, fg_frac=0.4, reg_max=8)
+    for grad in (False, True):
+        pd.requires_grad_(grad)
+        ps.requires_grad_(grad)
+        for compact in (True, False):
+            torch.library.opcheck(torch.ops.yolofast.bbox_loss.rows, (pd, ps, anc, tb, ts, fg, compact))

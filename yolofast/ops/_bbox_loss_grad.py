@@ -6,6 +6,10 @@ grad_scores (B,A,C), inv_s ())``: the forward pass has already computed the grad
 and S*L_cls w.r.t. the logits, and inv_s = 1/S, so backward only scales them by the incoming grads over S
 (DESIGN §2.2: nothing is recomputed, nothing else is kept alive).
 
+``yolofast::bbox_loss.rows`` (the CPU path of ``bbox_loss``) returns ``grad_scores`` and, like the maps op
+below, the box and DFL gradients of the foreground anchors only; its backward is
+``yolofast::_bbox_loss_rows_scale``.
+
 ``yolofast::bbox_loss_maps`` returns the class gradient in the head maps' layout, one (B, C, H, W)
 ``grad_cls`` per level, and the box and DFL gradients of the foreground anchors only (``fg_rows`` (N, 2, 4R),
 ``fg_index`` (N,)); its backward, ``yolofast::_bbox_loss_maps_scale``, writes each map's gradient straight
@@ -69,3 +73,21 @@ def maps_backward(ctx, g_losses, *_unused):
     c = g_losses.to(inv_s.dtype) * inv_s  # (3,): the incoming grads over S
     grads = torch.ops.yolofast._bbox_loss_maps_scale(grad_cls, fg_rows, fg_index, c, ctx.reg_max)
     return [g.to(dt) for g, dt in zip(grads, ctx.dtypes)], None, None, None, None, None, None
+
+
+def rows_setup_context(ctx, inputs, output) -> None:
+    pred_dist, pred_scores = inputs[0], inputs[1]
+    _, grad_scores, fg_rows, fg_index, inv_s = output
+    ctx.save_for_backward(grad_scores, fg_rows, fg_index, inv_s)
+    ctx.dtypes = (pred_dist.dtype, pred_scores.dtype)
+    ctx.mark_non_differentiable(grad_scores, fg_rows, fg_index, inv_s)
+    ctx.set_materialize_grads(False)
+
+
+def rows_backward(ctx, g_losses, *_unused):
+    grad_scores, fg_rows, fg_index, inv_s = ctx.saved_tensors
+    if g_losses is None:
+        return (None,) * 7
+    c = g_losses.to(inv_s.dtype) * inv_s  # (3,): the incoming grads over S
+    grad_dist, grad_pred_scores = torch.ops.yolofast._bbox_loss_rows_scale(grad_scores, fg_rows, fg_index, c)
+    return grad_dist.to(ctx.dtypes[0]), grad_pred_scores.to(ctx.dtypes[1]), None, None, None, None, None

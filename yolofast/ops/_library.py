@@ -16,6 +16,13 @@ Ops (tensor shapes as in ``reference.py``):
       all in the compute dtype (float64 if pred_dist or pred_scores is float64, else float32). The grads
       are those of S*L_box, S*L_dfl, S*L_cls w.r.t. the logits and inv_s = 1/S, so backward is
       ``grad_pred_dist = gd_box*(g[0]*inv_s) + gd_dfl*(g[2]*inv_s)``, ``grad_pred_scores = gs*(g[1]*inv_s)``.
+  bbox_loss.rows(pred_dist, pred_scores, anchor_points, target_bboxes, target_scores, fg_mask, compact=True)
+      -> (losses (3,), grad_scores (B,A,C), fg_rows (N, 2, 4R), fg_index (N,) int64, inv_s ())
+      bbox_loss on the CPU with the box and DFL gradients of the foreground anchors only, as bbox_loss_maps
+      keeps them (below); its backward is _bbox_loss_rows_scale.
+  _bbox_loss_rows_scale(grad_scores, fg_rows, fg_index, c) -> (grad_dist (B,A,4R), grad_scores)
+      bbox_loss.rows' backward (CPU) in one pass: fg_rows[:, 0]*c[0] + fg_rows[:, 1]*c[2] at the foreground
+      anchors, 0 elsewhere, and grad_scores*c[1].
   bbox_loss_maps(feats, anchor_points, target_bboxes, target_scores, fg_mask, reg_max, compact=True)
       -> (losses (3,), grad_cls [(B, C, H_i, W_i)], fg_rows (N, 2, 4R), fg_index (N,) int64, inv_s ())
       the same loss read from the Detect head's per-level maps (B, 4R+C, H_i, W_i) in place (anchors level
@@ -62,6 +69,13 @@ _lib.define(
 _lib.define(
     "bbox_loss(Tensor pred_dist, Tensor pred_scores, Tensor anchor_points, Tensor target_bboxes, "
     "Tensor target_scores, Tensor fg_mask) -> (Tensor, Tensor, Tensor, Tensor, Tensor)"
+)
+_lib.define(
+    "bbox_loss.rows(Tensor pred_dist, Tensor pred_scores, Tensor anchor_points, Tensor target_bboxes, "
+    "Tensor target_scores, Tensor fg_mask, bool compact=True) -> (Tensor, Tensor, Tensor, Tensor, Tensor)"
+)
+_lib.define(
+    "_bbox_loss_rows_scale(Tensor grad_scores, Tensor fg_rows, Tensor fg_index, Tensor c) -> (Tensor, Tensor)"
 )
 _lib.define(
     "bbox_loss_maps(Tensor[] feats, Tensor anchor_points, Tensor target_bboxes, Tensor target_scores, "
@@ -142,6 +156,24 @@ def _bbox_loss_scale_fake(grad_dist_box, grad_dist_dfl, grad_scores, fg_mask, c)
     return torch.empty_like(grad_dist_box), torch.empty_like(grad_scores)
 
 
+@torch.library.register_fake("yolofast::bbox_loss.rows", lib=_lib)
+def _bbox_loss_rows_fake(pred_dist, pred_scores, anchor_points, target_bboxes, target_scores, fg_mask,
+                         compact=True):
+    B, A, R4 = pred_dist.shape
+    dt = _loss_dtype(pred_dist, pred_scores)
+    # The foreground count, or every anchor in the static layout.
+    n = torch.library.get_ctx().new_dynamic_size() if compact else B * A
+    return (pred_dist.new_empty((3,), dtype=dt), pred_dist.new_empty((B, A, pred_scores.shape[-1]), dtype=dt),
+            pred_dist.new_empty((n, 2, R4), dtype=dt), pred_dist.new_empty((n,), dtype=torch.int64),
+            pred_dist.new_empty((), dtype=dt))
+
+
+@torch.library.register_fake("yolofast::_bbox_loss_rows_scale", lib=_lib)
+def _bbox_loss_rows_scale_fake(grad_scores, fg_rows, fg_index, c):
+    B, A, _ = grad_scores.shape
+    return grad_scores.new_empty((B, A, fg_rows.shape[-1])), torch.empty_like(grad_scores)
+
+
 def _maps_dtype(feats) -> torch.dtype:
     return torch.float64 if any(f.dtype == torch.float64 for f in feats) else torch.float32
 
@@ -194,6 +226,13 @@ torch.library.register_autograd(
 )
 
 torch.library.register_autograd(
+    "yolofast::bbox_loss.rows",
+    _bbox_loss_grad.rows_backward,
+    setup_context=_bbox_loss_grad.rows_setup_context,
+    lib=_lib,
+)
+
+torch.library.register_autograd(
     "yolofast::bbox_loss_maps",
     _bbox_loss_grad.maps_backward,
     setup_context=_bbox_loss_grad.maps_setup_context,
@@ -222,6 +261,7 @@ torch.library.register_autograd(
 # (the bf16 -> fp32 casts are differentiable, so the gradients flow back in the model's dtype).
 for _device in ("cpu", "cuda"):
     torch.library.register_autocast("yolofast::bbox_loss", _device, torch.float32, lib=_lib)
+    torch.library.register_autocast("yolofast::bbox_loss.rows", _device, torch.float32, lib=_lib)
     torch.library.register_autocast("yolofast::bbox_loss_maps", _device, torch.float32, lib=_lib)
 
 
@@ -284,8 +324,13 @@ def bbox_loss(
     fg_mask: Tensor,
 ) -> Tensor:
     """Compiled ``bbox_loss``: (3,) [L_box, L_cls, L_dfl] as ``reference.bbox_loss_ref``, differentiable
-    w.r.t. pred_dist and pred_scores (the gradients are computed in the forward pass)."""
+    w.r.t. pred_dist and pred_scores (the gradients are computed in the forward pass). On the CPU the box
+    and DFL gradients are kept for the foreground anchors only (``bbox_loss.rows``)."""
     _ensure_loaded()
+    if pred_dist.device.type == "cpu":
+        return torch.ops.yolofast.bbox_loss.rows(
+            pred_dist, pred_scores, anchor_points, target_bboxes, target_scores, fg_mask, _eager()
+        )[0]
     return torch.ops.yolofast.bbox_loss(
         pred_dist, pred_scores, anchor_points, target_bboxes, target_scores, fg_mask
     )[0]
