@@ -8,6 +8,7 @@ import torch
 
 from yolofast.boxes import make_anchors, xywh2xyxy
 from yolofast.ops import bbox_loss_maps, head_decode, tal_assign_maps
+from yolofast.ops.bbox_loss import dense_target_scores
 
 
 def _pad_targets(batch_idx, cls, bboxes, batch_size: int):
@@ -20,21 +21,31 @@ class LossStages(NamedTuple):
     """One ``DetectionLoss`` evaluation, stage by stage (``DetectionLoss.stages``; the doctor reads them).
 
     items (3,) ``[box*L_box, cls*L_cls, dfl*L_dfl]``, differentiable, no batch factor; the assigner's
-    fg_mask (B, A) bool, target_gt_idx (B, A) and target_scores (B, A, nc); its inputs: the padded targets
-    gt_cls (B, M, 1), gt_xyxy (B, M, 4) pixels, gt_mask (B, M, 1), the decoded pd_bboxes (B, A, 4) pixels
-    and the anchor centres anc_px (A, 2) pixels; img_wh the image size in pixels.
+    fg_mask (B, A) bool, target_gt_idx (B, A), target_labels (B, A) and target_score (B, A), each anchor's
+    one non-zero target score (``target_scores`` builds the (B, A, nc) one-hot of them); its inputs: the
+    padded targets gt_cls (B, M, 1), gt_xyxy (B, M, 4) pixels, gt_mask (B, M, 1), the decoded pd_bboxes
+    (B, A, 4) pixels and the anchor centres anc_px (A, 2) pixels; img_wh the image size in pixels; nc the
+    classes.
     """
 
     items: torch.Tensor
     fg_mask: torch.Tensor
     target_gt_idx: torch.Tensor
-    target_scores: torch.Tensor
+    target_labels: torch.Tensor
+    target_score: torch.Tensor
     gt_cls: torch.Tensor
     gt_xyxy: torch.Tensor
     gt_mask: torch.Tensor
     pd_bboxes: torch.Tensor
     anc_px: torch.Tensor
     img_wh: tuple[float, float]
+    nc: int
+
+    @property
+    def target_scores(self) -> torch.Tensor:
+        """(B, A, nc) target scores, as the reference assigner returns them (built here: the loss never
+        needs the zeros)."""
+        return dense_target_scores(self.target_score, self.target_labels, self.nc)
 
 
 class DetectionLoss:
@@ -141,18 +152,21 @@ class DetectionLoss:
 
         with torch.no_grad():
             _, pd_bboxes = head_decode(feats, self.strides, self.reg_max, scores=False)
-            _, target_bboxes, target_scores, fg_mask, gt_idx = tal_assign_maps(
+            # Per-anchor scores (B, A): the (B, A, nc) one-hot of them is ~99 % zeros that the assigner
+            # would write and the loss read again (10.7 MB at b16/320).
+            labels, target_bboxes, score, fg_mask, gt_idx = tal_assign_maps(
                 feats, pd_bboxes, anc_px, gt_cls, gt_xyxy, gt_mask, self.topk, self.alpha, self.beta,
-                reg_max=self.reg_max,
+                reg_max=self.reg_max, dense_scores=False,
             )
         losses = bbox_loss_maps(
-            feats, anchor_points, target_bboxes / stride_tensor, target_scores, fg_mask, self.reg_max
+            feats, anchor_points, target_bboxes / stride_tensor, score, fg_mask, self.reg_max, labels
         )
         if self.class_weights is not None:
-            lcls = self._weighted_cls(feats, target_scores)
+            lcls = self._weighted_cls(feats, dense_target_scores(score, labels, self.nc))
             losses = torch.stack((losses[0], lcls, losses[2]))  # the fused class term gets no gradient
-        return LossStages(losses * gains, fg_mask, gt_idx, target_scores, gt_cls, gt_xyxy, gt_mask, pd_bboxes,
-                          anc_px, (feats[0].shape[3] * self.strides[0], feats[0].shape[2] * self.strides[0]))
+        return LossStages(losses * gains, fg_mask, gt_idx, labels, score, gt_cls, gt_xyxy, gt_mask, pd_bboxes,
+                          anc_px, (feats[0].shape[3] * self.strides[0], feats[0].shape[2] * self.strides[0]),
+                          self.nc)
 
     def _weighted_cls(self, feats, target_scores):
         """sum_c w_c * BCE(logits, target_scores) / max(sum target_scores, 1): the fused L_cls, weighted."""

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <vector>
 
 namespace yolofast_checks {
@@ -126,6 +127,7 @@ struct BboxLossMapsInputs {
   int64_t B, no, A, C;
   std::vector<at::Tensor> maps;
   at::Tensor anc, tb, ts, fg;
+  at::Tensor lab;  // defined for per-anchor (B, A) target_scores
 };
 
 inline std::vector<at::Tensor> head_maps(at::TensorList feats, int64_t reg_max, int64_t max_reg_max,
@@ -155,7 +157,8 @@ inline std::vector<at::Tensor> head_maps(at::TensorList feats, int64_t reg_max, 
 
 inline BboxLossMapsInputs bbox_loss_maps_inputs(at::TensorList feats, const at::Tensor& anchor_points,
                                                 const at::Tensor& target_bboxes, const at::Tensor& target_scores,
-                                                const at::Tensor& fg_mask, int64_t reg_max, int64_t max_reg_max) {
+                                                const at::Tensor& fg_mask, int64_t reg_max, int64_t max_reg_max,
+                                                const std::optional<at::Tensor>& target_labels = std::nullopt) {
   BboxLossMapsInputs in;
   in.maps = head_maps(feats, reg_max, max_reg_max, "yolofast::bbox_loss_maps", in.f64);
   in.B = feats[0].size(0), in.no = feats[0].size(1), in.C = in.no - 4 * reg_max, in.A = 0;
@@ -168,10 +171,17 @@ inline BboxLossMapsInputs bbox_loss_maps_inputs(at::TensorList feats, const at::
                   target_bboxes.size(2) == 4,
               "yolofast::bbox_loss_maps: target_bboxes must be (B, A, 4) = (", B, ", ", A, ", 4), got ",
               target_bboxes.sizes());
-  TORCH_CHECK(target_scores.dim() == 3 && target_scores.size(0) == B && target_scores.size(1) == A &&
-                  target_scores.size(2) == C,
-              "yolofast::bbox_loss_maps: target_scores must be (B, A, nc) = (", B, ", ", A, ", ", C, "), got ",
-              target_scores.sizes());
+  const bool per_anchor = target_scores.dim() == 2;
+  TORCH_CHECK(target_scores.size(0) == B && target_scores.size(1) == A &&
+                  ((target_scores.dim() == 3 && target_scores.size(2) == C) || per_anchor),
+              "yolofast::bbox_loss_maps: target_scores must be (B, A, nc) = (", B, ", ", A, ", ", C,
+              ") or, with target_labels, (B, A) per anchor; got ", target_scores.sizes());
+  TORCH_CHECK(!per_anchor || (target_labels.has_value() && target_labels->dim() == 2 &&
+                              target_labels->size(0) == B && target_labels->size(1) == A &&
+                              !at::isFloatingType(target_labels->scalar_type())),
+              "yolofast::bbox_loss_maps: (B, A) target_scores hold one class per anchor: pass its class as "
+              "target_labels, an integer (B, A) = (", B, ", ", A, ") tensor (tal_assign's first output)");
+  if (per_anchor) in.lab = target_labels->to(at::kLong).contiguous();
   TORCH_CHECK(fg_mask.dim() == 2 && fg_mask.size(0) == B && fg_mask.size(1) == A,
               "yolofast::bbox_loss_maps: fg_mask must be (B, A) = (", B, ", ", A, "), got ", fg_mask.sizes());
   const auto ct = in.f64 ? at::kDouble : at::kFloat;

@@ -52,12 +52,15 @@ struct GradRows {
 };
 
 // Per-anchor targets, contiguous: anchors (A, 2), boxes (B, A, 4) grid units, scores (B, A, C), fg (B, A).
+// With lab set the scores are per anchor instead, ts (B, A): the anchor's one non-zero target, of class
+// min(max(lab, 0), C - 1) (tal_assign.maps with dense_scores = false), the rest of its row zero.
 template <typename T>
 struct LossTargets {
   const T *anc, *tb, *ts;
   const bool* fg;
   int64_t A, C;
   int R;
+  const int64_t* lab = nullptr;
 };
 
 template <typename T>
@@ -261,6 +264,12 @@ inline T row_sum(const T* t, int64_t C) {
   return reduce_add<T>(s);
 }
 
+// The weight sum_c t[c] of anchor ba = b*A + a in the box and DFL terms.
+template <typename T>
+inline T target_weight(const LossTargets<T>& tg, int64_t ba) {
+  return tg.lab ? tg.ts[ba] : row_sum<T>(tg.ts + ba * tg.C, tg.C);
+}
+
 // Class loss of anchors [i0, i1) of image b when the class logits run along the anchors (a head map):
 // sum sp(x) row by row (one class per row, vectorised along the anchors), then one sweep over the block's
 // targets (contiguous (i1 - i0) * C values) sums t and, for the lanes where t != 0 (the assigner's targets
@@ -291,6 +300,21 @@ void bce_anchor_rows(const LossLevel<T>& L, const LossTargets<T>& tg, int64_t b,
     }
     loss += double(reduce_add<T>(acc));
   }
+  if (tg.lab) {  // per-anchor targets: one class each, the sums in anchor order
+    const int64_t ba0 = b * tg.A + L.a0;
+    double xt = 0, s = 0;
+    for (int64_t i = i0; i < i1; ++i) {
+      const T t = tg.ts[ba0 + i];
+      if (t == T(0)) continue;
+      const int64_t c = std::min(std::max(tg.lab[ba0 + i], int64_t(0)), C - 1);
+      xt += double(*L.score.at(b, c, i) * t);
+      *L.gcls.at(b, c, i) -= t;
+      s += double(t);
+    }
+    tsum += s;
+    loss -= xt;
+    return;
+  }
   const T* t = tg.ts + (b * tg.A + L.a0 + i0) * C;
   const int64_t n = (i1 - i0) * C;
   V s(T(0));
@@ -313,7 +337,8 @@ void bce_anchor_rows(const LossLevel<T>& L, const LossTargets<T>& tg, int64_t b,
   loss -= xt;
 }
 
-// Class loss of anchors [i0, i1) of image b when the class logits run along the classes ((B, A, C)):
+// Class loss of anchors [i0, i1) of image b when the class logits run along the classes ((B, A, C));
+// dense targets only (per-anchor targets come with the maps):
 // the whole BCE l = sp(x) - x*t and g = sigmoid(x) - t, vectorised along the classes; the lane sums run
 // over the whole block and are reduced once at its end.
 template <typename T>
@@ -394,7 +419,7 @@ void loss_block(const LossLevel<T>& L, const LossTargets<T>& tg, int64_t b, int6
   int64_t row = row0;
   for (int64_t i = i0; i < i1; ++i) {
     if (!fg[i]) continue;
-    idx[n] = i, w[n] = row_sum<T>(tg.ts + (b * tg.A + L.a0 + i) * tg.C, tg.C);
+    idx[n] = i, w[n] = target_weight<T>(tg, b * tg.A + L.a0 + i);
     if (compact) {
       const int64_t r = L.rows_by_anchor ? row0 + (i - i0) : row++;
       rows.box[n] = L.fg_rows + r * 2 * R4;

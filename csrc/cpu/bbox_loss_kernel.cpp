@@ -5,7 +5,7 @@
 //   -> (losses (3,) [L_box, L_cls, L_dfl] divided by S,
 //       grad_dist_box (B,A,4R), grad_dist_dfl (B,A,4R), grad_scores (B,A,C), inv_s ())
 // yolofast::bbox_loss_maps(feats [(B, 4R+C, H_i, W_i)], anchor_points, target_bboxes, target_scores,
-//                          fg_mask, reg_max, compact)
+//                          fg_mask, reg_max, compact, target_labels)
 //   -> (losses (3,), grad_cls [(B, C, H_i, W_i)], fg_rows (N, 2, 4R), fg_index (N,), inv_s ())
 // The second reads the Detect head's maps where they are (anchor a of level i is pixel h*W_i + w, levels
 // in order): no (B, A, .) copy of the logits is made. Its class gradient comes out in the maps' layout and
@@ -86,7 +86,7 @@ template <typename T>
 LossTargets<T> targets_of(const at::Tensor& anc, const at::Tensor& tb, const at::Tensor& ts, const at::Tensor& fg,
                           int R) {
   return {anc.const_data_ptr<T>(), tb.const_data_ptr<T>(), ts.const_data_ptr<T>(), fg.const_data_ptr<bool>(),
-          ts.size(1), ts.size(2), R};
+          ts.size(1), ts.dim() == 3 ? ts.size(2) : 0, R};  // C of per-anchor targets: set by the caller
 }
 
 std::tuple<at::Tensor, at::Tensor> losses_and_inv_s(const std::vector<double>& sums, bool dbl,
@@ -222,9 +222,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bbox_loss
 
 std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor, at::Tensor> bbox_loss_maps_cpu(
     at::TensorList feats, const at::Tensor& anchor_points, const at::Tensor& target_bboxes,
-    const at::Tensor& target_scores, const at::Tensor& fg_mask, int64_t reg_max, bool compact) {
+    const at::Tensor& target_scores, const at::Tensor& fg_mask, int64_t reg_max, bool compact,
+    const std::optional<at::Tensor>& target_labels) {
   const auto in = yolofast_checks::bbox_loss_maps_inputs(feats, anchor_points, target_bboxes, target_scores,
-                                                          fg_mask, reg_max, kMaxRegMax);
+                                                          fg_mask, reg_max, kMaxRegMax, target_labels);
   const int64_t B = in.B, R4 = 4 * reg_max, C = in.C, A = in.A;
   const auto opt = in.maps[0].options();
   std::vector<at::Tensor> gcls;
@@ -255,8 +256,9 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor, at::Tens
       L.n = hw, L.a0 = level_a0[l];
       levels.push_back(L);
     }
-    return run_blocks<T>(levels, targets_of<T>(in.anc, in.tb, in.ts, in.fg, static_cast<int>(reg_max)), blocks,
-                         fr.row0);
+    LossTargets<T> tg = targets_of<T>(in.anc, in.tb, in.ts, in.fg, static_cast<int>(reg_max));
+    if (in.lab.defined()) tg.lab = in.lab.const_data_ptr<int64_t>(), tg.C = C;
+    return run_blocks<T>(levels, tg, blocks, fr.row0);
   };
   const auto sums = in.f64 ? go(double(0)) : go(float(0));
   auto [losses, inv_s] = losses_and_inv_s(sums, in.f64, opt);

@@ -292,8 +292,11 @@ void assign(const Scores& score, int64_t B, int64_t A, int64_t C, const at::Tens
   // 600 px box ~7,000) and parallel_for gives each thread one contiguous range of tasks, so the GTs are
   // dealt round-robin over many tasks. At ~20 ns per candidate and ~0.3 ns per zeroed float, below ~16k
   // candidates and 4M floats one thread beats a fork/join.
+  // Per-anchor scores (out_scores (B, A), tal_assign.maps with dense_scores = false) are written whole in
+  // step 5: nothing to zero here.
   T* o_sc = out_scores.data_ptr<T>();
-  const int64_t n_scores = B * A * C;
+  const bool dense = out_scores.dim() == 3;
+  const int64_t n_scores = dense ? B * A * C : 0;
   const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(BM, 64 * at::get_num_threads()));
   const bool small = (k > 0 ? work : 0) < 16384 && n_scores < (int64_t(1) << 22);
   at::parallel_for(0, tasks, small ? tasks : 1, [&](int64_t lo, int64_t hi) {
@@ -411,7 +414,11 @@ void assign(const Scores& score, int64_t B, int64_t A, int64_t C, const at::Tens
     o_idx[ba] = m;
     o_lab[ba] = std::max(labels[i], int64_t(0));
     for (int j = 0; j < 4; ++j) o_box[4 * ba + j] = gtb[4 * i + j];
-    if (fg) o_sc[ba * C + lab_c[i]] = (align_of[ba] * pos_overlap[i]) / (pos_align[i] + P.eps);
+    const T sc = fg ? (align_of[ba] * pos_overlap[i]) / (pos_align[i] + P.eps) : T(0);
+    if (!dense)
+      o_sc[ba] = sc;
+    else if (fg)
+      o_sc[ba * C + lab_c[i]] = sc;
   }
 }
 
@@ -433,16 +440,19 @@ at::Tensor aspect_atan(const at::Tensor& box) {
 
 // Everything after the score source: allocates the outputs in the compute type, runs assign, casts back.
 // make_scores(T) -> the score reader for compute type T; out_dtype: the dtype of target_scores.
+// dense_scores = false: target_scores is (B, A), each anchor's one non-zero score (0 off the foreground),
+// the class being min(target_labels, C - 1): the (B, A, C) tensor is that row one-hot, and at b8/640 its
+// 21.5 MB of mostly zeros are written here and read again by the loss.
 template <typename MakeScores>
 Outputs run(const MakeScores& make_scores, bool f64, int64_t B, int64_t A, int64_t C, const at::Tensor& pbox,
             const at::Tensor& anc, const at::Tensor& labels, const at::Tensor& gt, const at::Tensor& real,
             const at::Tensor& gt_bboxes, at::ScalarType out_dtype, int64_t topk, double alpha, double beta,
-            double eps) {
+            double eps, bool dense_scores = true) {
   const auto ct = f64 ? at::kDouble : at::kFloat;
   auto opts = pbox.options();
   at::Tensor o_lab = at::empty({B, A}, opts.dtype(at::kLong));
   at::Tensor o_box = at::empty({B, A, 4}, opts.dtype(ct));
-  at::Tensor o_sc = at::empty({B, A, C}, opts.dtype(ct));
+  at::Tensor o_sc = dense_scores ? at::empty({B, A, C}, opts.dtype(ct)) : at::empty({B, A}, opts.dtype(ct));
   at::Tensor o_fg = at::empty({B, A}, opts.dtype(at::kBool));
   at::Tensor o_idx = at::empty({B, A}, opts.dtype(at::kLong));
   const at::Tensor pd_atan = f64 ? aspect_atan<double>(pbox) : aspect_atan<float>(pbox);
@@ -459,10 +469,11 @@ Outputs run(const MakeScores& make_scores, bool f64, int64_t B, int64_t A, int64
 }
 
 // DESIGN §2.1 step 6: no GT slot at all, everything is background of class C.
-Outputs no_gt_slots(int64_t B, int64_t A, int64_t C, const at::Tensor& gt_bboxes, at::ScalarType score_dtype) {
+Outputs no_gt_slots(int64_t B, int64_t A, int64_t C, const at::Tensor& gt_bboxes, at::ScalarType score_dtype,
+                    bool dense_scores = true) {
   const auto opt = gt_bboxes.options();
   return {at::full({B, A}, C, opt.dtype(at::kLong)), at::zeros({B, A, 4}, opt),
-          at::zeros({B, A, C}, opt.dtype(score_dtype)), at::zeros({B, A}, opt.dtype(at::kBool)),
+          dense_scores ? at::zeros({B, A, C}, opt.dtype(score_dtype)) : at::zeros({B, A}, opt.dtype(score_dtype)), at::zeros({B, A}, opt.dtype(at::kBool)),
           at::zeros({B, A}, opt.dtype(at::kLong))};
 }
 
@@ -485,10 +496,11 @@ Outputs tal_assign_cpu(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes,
 
 // tal_assign.maps: the scores are sigmoid(class logits) read from the head's maps in place (see MapLogits);
 // otherwise the same as tal_assign on maps_to_rows(feats)[1].sigmoid(). target_scores has the maps'
-// promoted dtype, as that (B, A, C) tensor would.
+// promoted dtype, as that (B, A, C) tensor would; with dense_scores = false it is (B, A) (see run).
 Outputs tal_assign_maps_cpu(at::TensorList feats, int64_t reg_max, const at::Tensor& pd_bboxes,
                             const at::Tensor& anc_points, const at::Tensor& gt_labels, const at::Tensor& gt_bboxes,
-                            const at::Tensor& mask_gt, int64_t topk, double alpha, double beta, double eps) {
+                            const at::Tensor& mask_gt, int64_t topk, double alpha, double beta, double eps,
+                            bool dense_scores) {
   bool maps_f64 = false;
   // No fixed per-bin arrays here: any reg_max >= 2 will do.
   auto maps = yolofast_checks::head_maps(feats, reg_max, std::numeric_limits<int32_t>::max(),
@@ -503,7 +515,7 @@ Outputs tal_assign_maps_cpu(at::TensorList feats, int64_t reg_max, const at::Ten
   yolofast_checks::tal_assign_shapes(at::empty_strided({B, A, C}, {0, 0, 0}, feats[0].options()), pd_bboxes,
                                      anc_points, gt_labels, gt_bboxes, mask_gt, topk);
   const int64_t M = gt_bboxes.size(1);
-  if (M == 0) return no_gt_slots(B, A, C, gt_bboxes, out_dtype);
+  if (M == 0) return no_gt_slots(B, A, C, gt_bboxes, out_dtype, dense_scores);
   // The compute type as tal_assign's: float64 when the scores (here the maps), pred or GT boxes are.
   const auto in =
       yolofast_checks::tal_assign_box_inputs(maps_f64, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt);
@@ -521,7 +533,7 @@ Outputs tal_assign_maps_cpu(at::TensorList feats, int64_t reg_max, const at::Ten
     return s;
   };
   return run(make, in.f64, B, A, C, in.pbox, in.anc, in.labels, in.gt, in.real, gt_bboxes, out_dtype, topk, alpha,
-             beta, eps);
+             beta, eps, dense_scores);
 }
 
 }  // namespace

@@ -58,6 +58,7 @@ def backward(ctx, g_losses, *_unused):
 
 def maps_setup_context(ctx, inputs, output) -> None:
     feats, reg_max = inputs[0], inputs[5]  # (inputs[6], compact, changes the layout, not the backward)
+    ctx.n_inputs = len(inputs)
     _, grad_cls, fg_rows, fg_index, inv_s = output
     ctx.save_for_backward(inv_s, fg_rows, fg_index, *grad_cls)
     ctx.reg_max = int(reg_max)
@@ -69,10 +70,10 @@ def maps_setup_context(ctx, inputs, output) -> None:
 def maps_backward(ctx, g_losses, *_unused):
     inv_s, fg_rows, fg_index, *grad_cls = ctx.saved_tensors
     if g_losses is None:  # a Tensor[] input takes a list of (undefined) grads, not one None
-        return [None] * len(grad_cls), None, None, None, None, None, None
+        return [None] * len(grad_cls), *(None,) * (ctx.n_inputs - 1)
     c = g_losses.to(inv_s.dtype) * inv_s  # (3,): the incoming grads over S
     grads = torch.ops.yolofast._bbox_loss_maps_scale(grad_cls, fg_rows, fg_index, c, ctx.reg_max)
-    return [g.to(dt) for g, dt in zip(grads, ctx.dtypes)], None, None, None, None, None, None
+    return [g.to(dt) for g, dt in zip(grads, ctx.dtypes)], *(None,) * (ctx.n_inputs - 1)
 
 
 def rows_setup_context(ctx, inputs, output) -> None:

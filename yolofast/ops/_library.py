@@ -23,13 +23,16 @@ Ops (tensor shapes as in ``reference.py``):
   _bbox_loss_rows_scale(grad_scores, fg_rows, fg_index, c) -> (grad_dist (B,A,4R), grad_scores)
       bbox_loss.rows' backward (CPU) in one pass: fg_rows[:, 0]*c[0] + fg_rows[:, 1]*c[2] at the foreground
       anchors, 0 elsewhere, and grad_scores*c[1].
-  bbox_loss_maps(feats, anchor_points, target_bboxes, target_scores, fg_mask, reg_max, compact=True)
+  bbox_loss_maps(feats, anchor_points, target_bboxes, target_scores, fg_mask, reg_max, compact=True,
+                 target_labels=None)
       -> (losses (3,), grad_cls [(B, C, H_i, W_i)], fg_rows (N, 2, 4R), fg_index (N,) int64, inv_s ())
       the same loss read from the Detect head's per-level maps (B, 4R+C, H_i, W_i) in place (anchors level
       by level, pixel h*W_i + w): grad_cls is the gradient of S*L_cls in the maps' layout, fg_rows those of
       [S*L_box, S*L_dfl] w.r.t. the 4R box logits of the N foreground anchors (the others' are zero),
       fg_index their global anchor b*A + a, ascending. N is data-dependent (the foreground count);
       compact=False makes it static: N = B*A, row b*A + a, zero rows off the foreground (for tracing).
+      target_scores may be (B, A) per anchor, as tal_assign.maps(dense_scores=False) gives them, with
+      target_labels (B, A): the (B, A, C) targets are then one-hot of class min(max(label, 0), C - 1).
   _bbox_loss_maps_scale(grad_cls, fg_rows, fg_index, c, reg_max) -> [(B, 4R+C, H_i, W_i)]
       bbox_loss_maps' backward (CPU): each map's gradient written once, class channels grad_cls*c[1], box
       channels fg_rows[:, 0]*c[0] + fg_rows[:, 1]*c[2] at the foreground anchors and 0 elsewhere.
@@ -37,9 +40,11 @@ Ops (tensor shapes as in ``reference.py``):
       bbox_loss's backward in one pass (CPU): gd_box*c[0] + gd_dfl*c[2] (reading only the foreground
       rows, the others are zero) and gs*c[1], with c = g * inv_s (3,).
   tal_assign.maps(feats, reg_max, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, alpha, beta,
-                  eps)
+                  eps, dense_scores=True)
       -> tal_assign's outputs for pd_scores = sigmoid of the maps' class logits (as (B, A, C)), read in
           place and only where the assigner needs a score; target_scores in the maps' promoted dtype.
+          dense_scores=False: target_scores is (B, A), each anchor's one non-zero score (0 off the
+          foreground) of class min(target_labels, C - 1), without the (B, A, C) zeros.
   head_decode(feats, strides, reg_max) -> (pd_scores (B, A, C) sigmoid, pd_bboxes (B, A, 4) xyxy pixels)
       the assigner's inputs decoded from the maps in one pass (reference.bbox_decode * stride); no gradient.
   head_decode.boxes(feats, strides, reg_max) -> pd_bboxes   the boxes alone (for tal_assign.maps).
@@ -79,7 +84,8 @@ _lib.define(
 )
 _lib.define(
     "bbox_loss_maps(Tensor[] feats, Tensor anchor_points, Tensor target_bboxes, Tensor target_scores, "
-    "Tensor fg_mask, int reg_max, bool compact=True) -> (Tensor, Tensor[], Tensor, Tensor, Tensor)"
+    "Tensor fg_mask, int reg_max, bool compact=True, Tensor? target_labels=None) "
+    "-> (Tensor, Tensor[], Tensor, Tensor, Tensor)"
 )
 _lib.define(
     "_bbox_loss_maps_scale(Tensor[] grad_cls, Tensor fg_rows, Tensor fg_index, Tensor c, int reg_max) "
@@ -91,7 +97,7 @@ _lib.define(
 )
 _lib.define(
     "tal_assign.maps(Tensor[] feats, int reg_max, Tensor pd_bboxes, Tensor anc_points, Tensor gt_labels, "
-    "Tensor gt_bboxes, Tensor mask_gt, int topk, float alpha, float beta, float eps) "
+    "Tensor gt_bboxes, Tensor mask_gt, int topk, float alpha, float beta, float eps, bool dense_scores=True) "
     "-> (Tensor, Tensor, Tensor, Tensor, Tensor)"
 )
 _lib.define("head_decode(Tensor[] feats, float[] strides, int reg_max) -> (Tensor, Tensor)")
@@ -118,7 +124,7 @@ def _tal_assign_fake(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mas
 
 @torch.library.register_fake("yolofast::tal_assign.maps", lib=_lib)
 def _tal_assign_maps_fake(feats, reg_max, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, alpha,
-                          beta, eps):
+                          beta, eps, dense_scores=True):
     B, no = feats[0].shape[:2]
     A = sum(f.shape[2] * f.shape[3] for f in feats)
     dt = feats[0].dtype
@@ -127,7 +133,7 @@ def _tal_assign_maps_fake(feats, reg_max, pd_bboxes, anc_points, gt_labels, gt_b
     return (
         pd_bboxes.new_empty((B, A), dtype=torch.int64),
         gt_bboxes.new_empty((B, A, 4)),
-        pd_bboxes.new_empty((B, A, no - 4 * reg_max), dtype=dt),
+        pd_bboxes.new_empty((B, A, no - 4 * reg_max) if dense_scores else (B, A), dtype=dt),
         pd_bboxes.new_empty((B, A), dtype=torch.bool),
         pd_bboxes.new_empty((B, A), dtype=torch.int64),
     )
@@ -179,7 +185,8 @@ def _maps_dtype(feats) -> torch.dtype:
 
 
 @torch.library.register_fake("yolofast::bbox_loss_maps", lib=_lib)
-def _bbox_loss_maps_fake(feats, anchor_points, target_bboxes, target_scores, fg_mask, reg_max, compact=True):
+def _bbox_loss_maps_fake(feats, anchor_points, target_bboxes, target_scores, fg_mask, reg_max, compact=True,
+                         target_labels=None):
     dt = _maps_dtype(feats)
     B, no = feats[0].shape[:2]
     grad_cls = [f.new_empty((B, no - 4 * reg_max, *f.shape[2:]), dtype=dt) for f in feats]
@@ -253,7 +260,7 @@ torch.library.register_autograd(
     "yolofast::tal_assign", _tal_assign_backward, setup_context=_tal_assign_setup, lib=_lib
 )
 torch.library.register_autograd(
-    "yolofast::tal_assign.maps", lambda ctx, *grads: (None,) * 11, setup_context=_tal_assign_setup, lib=_lib
+    "yolofast::tal_assign.maps", lambda ctx, *grads: (None,) * 12, setup_context=_tal_assign_setup, lib=_lib
 )
 
 # ------------------------------------------------------------------------------------------------- autocast
@@ -306,12 +313,14 @@ def tal_assign_maps(
     beta: float = 6.0,
     eps: float = 1e-9,
     reg_max: int = 16,
+    dense_scores: bool = True,
 ):
-    """Compiled ``tal_assign`` with the scores read from the head's class logits (sigmoid) in place."""
+    """Compiled ``tal_assign`` with the scores read from the head's class logits (sigmoid) in place;
+    ``dense_scores=False``: target_scores (B, A), each anchor's one non-zero score (see the op above)."""
     _ensure_loaded()
     return torch.ops.yolofast.tal_assign.maps(
         [f.detach() for f in feats], int(reg_max), pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt,
-        int(topk), float(alpha), float(beta), float(eps),
+        int(topk), float(alpha), float(beta), float(eps), bool(dense_scores),
     )
 
 
@@ -343,12 +352,15 @@ def bbox_loss_maps(
     target_scores: Tensor,
     fg_mask: Tensor,
     reg_max: int = 16,
+    target_labels: Tensor | None = None,
 ) -> Tensor:
     """Compiled ``bbox_loss`` read from the head's maps in place: (3,) [L_box, L_cls, L_dfl], differentiable
-    w.r.t. every map (the gradients, in the maps' layout, are computed in the forward pass)."""
+    w.r.t. every map (the gradients, in the maps' layout, are computed in the forward pass). target_scores
+    (B, A) per anchor with their classes in target_labels, or (B, A, C)."""
     _ensure_loaded()
     return torch.ops.yolofast.bbox_loss_maps(
-        list(feats), anchor_points, target_bboxes, target_scores, fg_mask, int(reg_max), _eager()
+        list(feats), anchor_points, target_bboxes, target_scores, fg_mask, int(reg_max), _eager(),
+        target_labels,
     )[0]
 
 

@@ -43,6 +43,16 @@ def maps_to_rows(feats, reg_max: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat(dist_parts, 1), torch.cat(score_parts, 1)
 
 
+def dense_target_scores(scores: torch.Tensor, labels: torch.Tensor, nc: int) -> torch.Tensor:
+    """(B, A, nc) target scores from per-anchor ones: row (b, a) is zero but for scores[b, a] at class
+    labels[b, a] clamped to [0, nc - 1] (the class the assigner scored)."""
+    if labels is None:
+        raise ValueError("bbox_loss_maps: (B, A) target_scores hold one class per anchor: pass target_labels "
+                         "(tal_assign's first output)")
+    cls = labels.long().clamp(0, nc - 1).unsqueeze(-1)
+    return scores.new_zeros((*scores.shape, nc)).scatter_(-1, cls, scores.unsqueeze(-1))
+
+
 def bbox_loss_maps(
     feats,
     anchor_points: torch.Tensor,
@@ -50,9 +60,12 @@ def bbox_loss_maps(
     target_scores: torch.Tensor,
     fg_mask: torch.Tensor,
     reg_max: int = 16,
+    target_labels: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``bbox_loss`` of the head's maps: feats a list of (B, 4*reg_max + nc, H_i, W_i) logits, anchors level
     by level (pixel h*W_i + w); the other arguments as in ``bbox_loss`` with A = sum H_i*W_i.
+    target_scores may also be (B, A), one score per anchor of class ``target_labels.clamp(0, nc - 1)``
+    (``tal_assign_maps(..., dense_scores=False)``).
 
     Returns (3,) [L_box, L_cls, L_dfl], differentiable w.r.t. every map. The C++ backend reads the maps in
     place (no cat, no transpose, the gradients written in the maps' layout); the others cat first.
@@ -61,7 +74,10 @@ def bbox_loss_maps(
     if name == "cpp":
         from yolofast.ops import _library
 
-        return _library.bbox_loss_maps(feats, anchor_points, target_bboxes, target_scores, fg_mask, reg_max)
+        return _library.bbox_loss_maps(feats, anchor_points, target_bboxes, target_scores, fg_mask, reg_max,
+                                       target_labels)
+    if target_scores.dim() == 2:
+        target_scores = dense_target_scores(target_scores, target_labels, feats[0].shape[1] - 4 * reg_max)
     pred_dist, pred_scores = maps_to_rows(feats, reg_max)
     impl = implementation("bbox_loss", name)
     return impl(pred_dist, pred_scores, anchor_points, target_bboxes, target_scores, fg_mask)

@@ -45,19 +45,30 @@ def tal_assign_maps(
     beta: float = 6.0,
     eps: float = 1e-9,
     reg_max: int = 16,
+    dense_scores: bool = True,
 ):
     """``tal_assign`` with ``pd_scores = sigmoid(class logits)`` of the head's maps: feats a list of
     (B, 4*reg_max + nc, H_i, W_i) maps (anchors level by level, pixel h*W_i + w), the other arguments and
-    the outputs as ``tal_assign``'s; target_scores has the maps' (promoted) dtype. No gradient."""
+    the outputs as ``tal_assign``'s; target_scores has the maps' (promoted) dtype. No gradient.
+
+    dense_scores=False: target_scores is (B, A), each anchor's one non-zero target score (0 off the
+    foreground), of class ``target_labels.clamp(max=nc - 1)``: the (B, A, nc) tensor is that one-hot, and
+    ``bbox_loss_maps(..., target_labels=...)`` takes it as it is (the C++ backend never writes the zeros).
+    """
     name = backend_name("tal_assign", feats[0].device.type)
     if name == "cpp":
         from yolofast.ops import _library
 
         return _library.tal_assign_maps(feats, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk,
-                                        alpha, beta, eps, reg_max)
+                                        alpha, beta, eps, reg_max, dense_scores)
     from yolofast.ops.bbox_loss import maps_to_rows
 
     with torch.no_grad():
         pd_scores = maps_to_rows([f.detach() for f in feats], reg_max)[1].sigmoid()
-    return implementation("tal_assign", name)(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt,
-                                              topk, alpha, beta, eps)
+    out = implementation("tal_assign", name)(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt,
+                                             topk, alpha, beta, eps)
+    if dense_scores:
+        return out
+    labels, boxes, scores, fg, gt_idx = out
+    # One non-zero per row: the row's sum is that score exactly.
+    return labels, boxes, scores.sum(-1), fg, gt_idx
