@@ -169,9 +169,11 @@ def test_cached_anchors_follow_the_feature_size():
         torch.testing.assert_close(f.grad, g.grad, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("case", ["gt", "no_gt", "odd_maps", "bf16"])
+@pytest.mark.parametrize("case", ["gt", "no_gt", "odd_maps", "bf16", "zero_cls_gain", "scaled_total"])
 def test_kernel_path_equals_reference_path(op_backend, case):
-    """The default path (maps read in place on the CPU) gives the reference path's loss and map gradients."""
+    """The default path (maps read in place on the CPU, the final map gradients written in the loss's forward
+    pass) gives the reference path's loss and map gradients; also when a gain is 0 (no final gradients
+    then) and when the total is scaled before backward (the prepared gradients are rescaled)."""
     if op_backend == "ref":
         pytest.skip("compares the automatic backend with the reference")
     h, w = (72, 40) if case == "odd_maps" else (64, 64)  # odd: 9x5, 4x2, 2x1 cells, rows not whole vectors
@@ -181,13 +183,13 @@ def test_kernel_path_equals_reference_path(op_backend, case):
     batch = make_batch(2)
     if case == "no_gt":
         batch = {k: v[:, :0] for k, v in batch.items()}
-    crit = DetectionLoss(NC)
+    crit = DetectionLoss(NC, cls=0.0) if case == "zero_cls_gain" else DetectionLoss(NC)
     out = []
     for name in ("auto", "ref"):
         fs = [f.detach().clone().requires_grad_() for f in feats]
         with backend(name):
             total, items = crit(fs, batch)
-        total.backward()
+        (total * 0.25 if case == "scaled_total" else total).backward()
         out.append((total.detach(), items, [f.grad for f in fs]))
     (t1, i1, g1), (t2, i2, g2) = out
     torch.testing.assert_close(t1, t2, rtol=1e-5, atol=1e-6)

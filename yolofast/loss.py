@@ -158,8 +158,12 @@ class DetectionLoss:
                 feats, pd_bboxes, anc_px, gt_cls, gt_xyxy, gt_mask, self.topk, self.alpha, self.beta,
                 reg_max=self.reg_max, dense_scores=False,
             )
+        # The gradient __call__'s total brings to the three losses is gains x batch: the loss can then
+        # write the final map gradients in its forward pass (when the weights are all non-zero: the
+        # backward rescales from them for any other gradient).
+        weights = gains * bsz if self.class_weights is None and all(self.gains) else None
         losses = bbox_loss_maps(
-            feats, anchor_points, target_bboxes / stride_tensor, score, fg_mask, self.reg_max, labels
+            feats, anchor_points, target_bboxes / stride_tensor, score, fg_mask, self.reg_max, labels, weights
         )
         if self.class_weights is not None:
             lcls = self._weighted_cls(feats, dense_target_scores(score, labels, self.nc))

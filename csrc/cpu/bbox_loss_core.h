@@ -41,6 +41,11 @@ struct LossLevel {
   bool compact = false, rows_by_anchor = false;  // rows_by_anchor: row row0 + (i - i0), not the k-th
   T* fg_rows = nullptr;
   int64_t* fg_index = nullptr;
+  // Final gradients (bbox_loss_maps given the weights of its three terms): k = weights / S, the factors the
+  // backward would apply. gcls then gets (sigmoid - t) * k[1] and gmap, the box channels of the same
+  // gradient map, box * k[0] + DFL * k[2] (0 off the foreground); compact rows are still written.
+  const T* k = nullptr;
+  Strided<T> gmap;
 };
 
 // Where box_dfl_group writes one lane's box and DFL gradient rows (channel stride sc).
@@ -270,6 +275,16 @@ inline T target_weight(const LossTargets<T>& tg, int64_t ba) {
   return tg.lab ? tg.ts[ba] : row_sum<T>(tg.ts + ba * tg.C, tg.C);
 }
 
+// sigmoid(x) as lane 0 of softplus_sigmoid: bit for bit what the vector loop gives that logit.
+template <typename T>
+inline T sigmoid_as_vector(T x) {
+  Vec<T> sp, sig;
+  softplus_sigmoid<T>(Vec<T>(x), sp, sig);
+  alignas(64) T out[Vec<T>::size()];
+  sig.store(out);
+  return out[0];
+}
+
 // Class loss of anchors [i0, i1) of image b when the class logits run along the anchors (a head map):
 // sum sp(x) row by row (one class per row, vectorised along the anchors), then one sweep over the block's
 // targets (contiguous (i1 - i0) * C values) sums t and, for the lanes where t != 0 (the assigner's targets
@@ -280,6 +295,8 @@ void bce_anchor_rows(const LossLevel<T>& L, const LossTargets<T>& tg, int64_t b,
   using V = Vec<T>;
   constexpr int W = V::size();
   const int64_t C = tg.C;
+  const bool scaled = L.k != nullptr;
+  const V k1(scaled ? L.k[1] : T(1));
   for (int64_t c = 0; c < C; ++c) {
     const T* x = L.score.at(b, c, 0);
     T* g = L.gcls.at(b, c, 0);
@@ -288,14 +305,14 @@ void bce_anchor_rows(const LossLevel<T>& L, const LossTargets<T>& tg, int64_t b,
     for (; i + W <= i1; i += W) {
       V sp, sig;
       softplus_sigmoid<T>(V::loadu(x + i), sp, sig);
-      sig.store(g + i);
+      (scaled ? sig * k1 : sig).store(g + i);
       acc = acc + sp;
     }
     if (i < i1) {
       const int cnt = static_cast<int>(i1 - i);
       V sp, sig;
       softplus_sigmoid<T>(V::loadu(x + i, cnt), sp, sig);
-      sig.store(g + i, cnt);
+      (scaled ? sig * k1 : sig).store(g + i, cnt);
       acc = acc + V::set(V(T(0)), sp, cnt);
     }
     loss += double(reduce_add<T>(acc));
@@ -307,8 +324,13 @@ void bce_anchor_rows(const LossLevel<T>& L, const LossTargets<T>& tg, int64_t b,
       const T t = tg.ts[ba0 + i];
       if (t == T(0)) continue;
       const int64_t c = std::min(std::max(tg.lab[ba0 + i], int64_t(0)), C - 1);
-      xt += double(*L.score.at(b, c, i) * t);
-      *L.gcls.at(b, c, i) -= t;
+      const T x = *L.score.at(b, c, i);
+      xt += double(x * t);
+      T* g = L.gcls.at(b, c, i);
+      if (scaled)  // (sigmoid - t) * k1, rounded as the unscaled gradient times k1 in backward would be
+        *g = (sigmoid_as_vector<T>(x) - t) * L.k[1];
+      else
+        *g -= t;
       s += double(t);
     }
     tsum += s;
@@ -375,6 +397,23 @@ void bce_class_rows(const LossLevel<T>& L, const LossTargets<T>& tg, int64_t b, 
   tsum += double(reduce_add<T>(s));
 }
 
+// The box channels of the final gradient map for anchors [i0, i1): k0*0 + k2*0 (NaN if a weight is not
+// finite, as the product would be) and, at the foreground, box*k0 + DFL*k2 from the block's compact rows:
+// the arithmetic of the backward's _bbox_loss_maps_scale, so the values are the same.
+template <typename T>
+void final_box_grads(const LossLevel<T>& L, int64_t b, const bool* fg, int64_t i0, int64_t i1, int64_t row0,
+                     int64_t R4) {
+  const T k0 = L.k[0], k2 = L.k[2];
+  const T bg = k0 * T(0) + k2 * T(0);
+  for (int64_t ch = 0; ch < R4; ++ch) std::fill(L.gmap.at(b, ch, i0), L.gmap.at(b, ch, i1), bg);
+  int64_t row = row0;
+  for (int64_t i = i0; i < i1; ++i) {
+    if (!fg[i]) continue;
+    const T* r = L.fg_rows + (L.rows_by_anchor ? row0 + (i - i0) : row++) * 2 * R4;
+    for (int64_t ch = 0; ch < R4; ++ch) *L.gmap.at(b, ch, i) = r[ch] * k0 + r[R4 + ch] * k2;
+  }
+}
+
 // All the work of anchors [i0, i1) of level L in image b: out = {S*L_box, S*L_cls, S*L_dfl, sum t}.
 // row0: the block's first compact foreground row (used when L.compact).
 template <typename T>
@@ -432,6 +471,7 @@ void loss_block(const LossLevel<T>& L, const LossTargets<T>& tg, int64_t b, int6
     if (++n == W) box_dfl_group<T>(L, tg, b, idx, w, n, rows, lbox, ldfl), n = 0;
   }
   if (n > 0) box_dfl_group<T>(L, tg, b, idx, w, n, rows, lbox, ldfl);
+  if (L.k) final_box_grads<T>(L, b, fg, i0, i1, row0, R4);
   out[0] = lbox, out[1] = lcls, out[2] = ldfl, out[3] = tsum;
 }
 

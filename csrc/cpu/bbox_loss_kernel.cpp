@@ -5,12 +5,15 @@
 //   -> (losses (3,) [L_box, L_cls, L_dfl] divided by S,
 //       grad_dist_box (B,A,4R), grad_dist_dfl (B,A,4R), grad_scores (B,A,C), inv_s ())
 // yolofast::bbox_loss_maps(feats [(B, 4R+C, H_i, W_i)], anchor_points, target_bboxes, target_scores,
-//                          fg_mask, reg_max, compact, target_labels)
+//                          fg_mask, reg_max, compact, target_labels, weights)
 //   -> (losses (3,), grad_cls [(B, C, H_i, W_i)], fg_rows (N, 2, 4R), fg_index (N,), inv_s ())
 // The second reads the Detect head's maps where they are (anchor a of level i is pixel h*W_i + w, levels
 // in order): no (B, A, .) copy of the logits is made. Its class gradient comes out in the maps' layout and
 // the box / DFL gradients of the N foreground anchors as compact rows (index b*A + a, ascending);
 // yolofast::_bbox_loss_maps_scale (its backward) writes each map's whole gradient from them in one pass.
+// Given weights w (3,), the incoming gradient its caller will send (DetectionLoss: its gains x batch), it
+// writes the whole final gradient of w . [L_box, L_cls, L_dfl] w.r.t. each map instead of grad_cls, in the
+// same pass (the backward then has nothing to write when that gradient arrives).
 // N is data-dependent; compact = false gives the static shape instead (N = B*A, row b*A + a, zero rows off
 // the foreground: what torch.compile and a CUDA-graph capture need, at the cost of writing them).
 // The gradients are those of S*L_box, S*L_dfl and S*L_cls (i.e. not yet divided by S): backward
@@ -34,6 +37,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <tuple>
 #include <vector>
@@ -223,15 +227,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bbox_loss
 std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor, at::Tensor> bbox_loss_maps_cpu(
     at::TensorList feats, const at::Tensor& anchor_points, const at::Tensor& target_bboxes,
     const at::Tensor& target_scores, const at::Tensor& fg_mask, int64_t reg_max, bool compact,
-    const std::optional<at::Tensor>& target_labels) {
+    const std::optional<at::Tensor>& target_labels, const std::optional<at::Tensor>& weights) {
   const auto in = yolofast_checks::bbox_loss_maps_inputs(feats, anchor_points, target_bboxes, target_scores,
                                                           fg_mask, reg_max, kMaxRegMax, target_labels);
-  const int64_t B = in.B, R4 = 4 * reg_max, C = in.C, A = in.A;
+  const int64_t B = in.B, R4 = 4 * reg_max, C = in.C, A = in.A, no = R4 + C;
+  const bool final_grads = weights.has_value();
+  TORCH_CHECK(!final_grads || (in.lab.defined() && weights->numel() == 3),
+              "yolofast::bbox_loss_maps: weights (3,) need per-anchor target_scores (B, A) with target_labels");
   const auto opt = in.maps[0].options();
-  std::vector<at::Tensor> gcls;
+  std::vector<at::Tensor> gcls;  // (B, C, H, W) each, or the whole (B, 4R + C, H, W) gradients
   std::vector<int64_t> sizes;
   for (const auto& m : in.maps) {
-    gcls.push_back(at::empty({B, C, m.size(2), m.size(3)}, opt));
+    gcls.push_back(at::empty({B, final_grads ? no : C, m.size(2), m.size(3)}, opt));
     sizes.push_back(m.size(2) * m.size(3));
     poison({&gcls.back()});
   }
@@ -239,6 +246,35 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor, at::Tens
   std::vector<int64_t> level_a0(sizes.size() + 1, 0);
   for (size_t l = 0; l < sizes.size(); ++l) level_a0[l + 1] = level_a0[l] + sizes[l];
   FgRows fr = foreground_rows(blocks, level_a0, in.fg.const_data_ptr<bool>(), B, A, R4, compact, opt);
+  // Final gradients need S = sum t before the pass: summed here as run_blocks will (per block in anchor
+  // order, blocks in order, in double), so the factors are those the backward would form from its inv_s.
+  double S_pre = 0;
+  at::Tensor k_t;
+  if (final_grads) {
+    for (const Block& bl : blocks) {
+      const int64_t ba0 = bl.b * A + level_a0[bl.level];
+      double s_blk = 0;
+      auto add = [&](auto zero) {
+        using T = decltype(zero);
+        const T* ts = in.ts.const_data_ptr<T>();
+        for (int64_t i = bl.i0; i < bl.i1; ++i)
+          if (ts[ba0 + i] != T(0)) s_blk += double(ts[ba0 + i]);
+      };
+      in.f64 ? add(double(0)) : add(float(0));
+      S_pre += s_blk;
+    }
+    const double S = std::max(S_pre, 1.0);
+    // c = weights.to(inv_s.dtype) * inv_s, as _bbox_loss_grad.maps_backward computes it.
+    const auto ct = in.f64 ? at::kDouble : at::kFloat;
+    const at::Tensor w = weights->to(at::kCPU).to(ct).contiguous();
+    k_t = at::empty({3}, opt.dtype(ct));
+    auto scale = [&](auto zero) {
+      using T = decltype(zero);
+      const T inv = static_cast<T>(1.0 / S);  // losses_and_inv_s' inv_s
+      for (int i = 0; i < 3; ++i) k_t.mutable_data_ptr<T>()[i] = w.const_data_ptr<T>()[i] * inv;
+    };
+    in.f64 ? scale(double(0)) : scale(float(0));
+  }
 
   auto go = [&](auto zero) {
     using T = decltype(zero);
@@ -251,7 +287,14 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor, at::Tens
       // A map's pixels are one axis (bbox_loss_maps_inputs guarantees stride(2) == W * stride(3) == W).
       L.dist = {p, m.stride(0), m.stride(1), 1};
       L.score = {p + R4 * m.stride(1), m.stride(0), m.stride(1), 1};
-      L.gcls = {gcls[l].mutable_data_ptr<T>(), C * hw, hw, 1};
+      T* g = gcls[l].mutable_data_ptr<T>();
+      if (final_grads) {
+        L.gcls = {g + R4 * hw, no * hw, hw, 1};
+        L.gmap = {g, no * hw, hw, 1};
+        L.k = k_t.const_data_ptr<T>();
+      } else {
+        L.gcls = {g, C * hw, hw, 1};
+      }
       write_compact<T>(L, fr, compact);
       L.n = hw, L.a0 = level_a0[l];
       levels.push_back(L);
@@ -261,6 +304,8 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor, at::Tens
     return run_blocks<T>(levels, tg, blocks, fr.row0);
   };
   const auto sums = in.f64 ? go(double(0)) : go(float(0));
+  TORCH_INTERNAL_ASSERT(!final_grads || sums[3] == S_pre || (std::isnan(sums[3]) && std::isnan(S_pre)),
+                        "bbox_loss_maps: the target sum differs between the pre-pass and the pass");
   auto [losses, inv_s] = losses_and_inv_s(sums, in.f64, opt);
   return {losses, gcls, fr.rows, fr.index, inv_s};
 }

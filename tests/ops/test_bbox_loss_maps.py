@@ -307,3 +307,84 @@ def test_static_layout_equals_compact(lib):
     gb = torch.ops.yolofast._bbox_loss_maps_scale(b[1], b[2], b[3], c, 5)
     assert all(torch.equal(x, y) for x, y in zip(ga, gb))
     torch.library.opcheck(torch.ops.yolofast.bbox_loss_maps.default, (feats, anc, tb, ts, fg, 5, False))
+
+
+def per_anchor(ts):
+    """(score (B, A), label (B, A)) of one-hot (B, A, C) targets: the row's one non-zero and its class."""
+    return ts.sum(-1), ts.argmax(-1)
+
+
+def test_per_anchor_targets_are_the_dense_ones(lib):
+    """(B, A) scores with their labels give the losses and gradients of the (B, A, C) one-hot targets."""
+    feats, anc, tb, ts, fg = make_maps(2, 7, [(9, 13), (5, 7), (3, 4)], 21, fg_frac=0.3)
+    score, label = per_anchor(ts)
+    dense = run_maps(lib, feats, (anc, tb, ts, fg))
+    fs = [f.detach().clone().requires_grad_() for f in feats]
+    out = lib.bbox_loss_maps(fs, anc, tb, score, fg, 16, label)
+    grads = torch.autograd.grad((out * torch.tensor(UPSTREAM)).sum(), fs)
+    torch.testing.assert_close(out.detach(), dense[0], rtol=1e-6, atol=0)
+    for a, b in zip(grads, dense[1]):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7 * float(b.abs().max()))
+    with backend("ref"):
+        from yolofast.ops import bbox_loss_maps
+
+        ref = bbox_loss_maps(feats, anc, tb, score, fg, 16, label)
+    torch.testing.assert_close(ref, dense[0], rtol=1e-5, atol=0)
+    with pytest.raises(RuntimeError, match="target_labels"):
+        torch.ops.yolofast.bbox_loss_maps(feats, anc, tb, score, fg, 16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_final_gradients_in_forward(lib, dtype):
+    """Given the weights of its three losses, bbox_loss_maps writes the final map gradients in the forward
+    pass: when backward brings exactly those weights they are handed on as they are, and equal the general
+    path's gradients; any other incoming gradient (one branch, a scaled loss) is rescaled to the same
+    values; a second backward after the hand-off is refused (the gradients may have been accumulated into)."""
+    feats, anc, tb, ts, fg = make_maps(2, 9, [(12, 11), (6, 6), (3, 3)], 22, fg_frac=0.2, dtype=dtype)
+    score, label = per_anchor(ts.to(dtype))
+    rest = (anc.to(dtype), tb.to(dtype), score, fg, label)
+    w = torch.tensor([7.5 * 2, 0.5 * 2, 1.5 * 2], dtype=dtype)
+
+    def run(weights, upstream):
+        fs = [f.detach().clone().requires_grad_() for f in feats]
+        losses = lib.bbox_loss_maps(fs, *rest[:4], 16, rest[4], weights)
+        return losses.detach(), torch.autograd.grad(losses, fs, grad_outputs=upstream)
+
+    for upstream in (w, w * 2, torch.tensor([0.0, 1.0, 0.0]), torch.tensor([float("nan"), 1.0, 1.0])):
+        upstream = upstream.to(dtype)
+        want = run(None, upstream)
+        got = run(w, upstream)
+        assert torch.equal(got[0], want[0])
+        for a, b in zip(got[1], want[1]):
+            assert a.shape == b.shape and a.dtype == b.dtype
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7 * float(b.nan_to_num().abs().max()),
+                                       equal_nan=True)
+    # The rescaled path leaves the prepared gradients as they were: then the hand-off, then no more.
+    fs = [f.detach().clone().requires_grad_() for f in feats]
+    losses = lib.bbox_loss_maps(fs, *rest[:4], 16, rest[4], w)
+    half = torch.autograd.grad(losses, fs, grad_outputs=w / 2, retain_graph=True)
+    full = torch.autograd.grad(losses, fs, grad_outputs=w, retain_graph=True)
+    for h, f in zip(half, full):
+        torch.testing.assert_close(h * 2, f, rtol=1e-6, atol=1e-7 * float(f.abs().max()))
+    with pytest.raises(RuntimeError, match="second backward"):
+        torch.autograd.grad(losses, fs, grad_outputs=w)
+
+
+def test_final_gradients_every_element_written_and_opcheck(lib, monkeypatch):
+    feats, anc, tb, ts, fg = make_maps(2, 9, [(7, 11), (3, 5)], 2, reg_max=5, fg_frac=0.3, strides=(8, 16))
+    score, label = per_anchor(ts)
+    w = torch.tensor([15.0, 1.0, 3.0])
+    monkeypatch.setenv("YOLOFAST_POISON_OUTPUTS", "1")
+    out = torch.ops.yolofast.bbox_loss_maps(feats, anc, tb, score, fg, 5, True, label, w)
+    monkeypatch.delenv("YOLOFAST_POISON_OUTPUTS")
+    for g, f in zip(out[1], feats):
+        assert g.shape == f.shape and torch.isfinite(g).all()
+    clean = torch.ops.yolofast.bbox_loss_maps(feats, anc, tb, score, fg, 5, True, label, w)
+    for a, b in zip(out[1], clean[1]):
+        assert torch.equal(a, b)
+    with pytest.raises(RuntimeError, match="weights"):
+        torch.ops.yolofast.bbox_loss_maps(feats, anc, tb, ts, fg, 5, True, None, w)  # dense targets
+    for grad in (False, True):
+        fs = [f.clone().requires_grad_(grad) for f in feats]
+        args = (fs, anc, tb, score, fg, 5, False, label, w)
+        torch.library.opcheck(torch.ops.yolofast.bbox_loss_maps.default, args)

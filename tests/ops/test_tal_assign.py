@@ -473,3 +473,36 @@ def test_maps_opcheck_and_errors(op):
                           (maps, 2, pd, anc, labels, gt, mask, TOPK, ALPHA, BETA, EPS))
     with pytest.raises(RuntimeError, match="tal_assign: pd_bboxes"):
         torch.ops.yolofast.tal_assign.maps(maps[:2], 2, pd, anc, labels, gt, mask, TOPK, ALPHA, BETA, EPS)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_maps_per_anchor_scores_are_the_dense_rows(op, seed):
+    """dense_scores=False: (B, A) scores, each the one non-zero of the dense (B, A, C) row, at class
+    min(target_labels, C - 1); every other output identical. Also with no GT slot, for both backends."""
+    from yolofast import ops
+    from yolofast.ops.bbox_loss import dense_target_scores
+
+    dtype = torch.float64 if seed == 3 else torch.float32
+    scene = random_scene(500 + seed, B=2, M=(3, 20, 60, 150)[seed], pad=seed % 2 == 0, dtype=dtype)
+    maps, _ = logit_maps(seed, scene, dtype=dtype)
+    _, pd, anc, labels, gt, mask = scene
+    C = scene[0].shape[2]
+    args = (pd, anc, labels, gt, mask, TOPK, ALPHA, BETA, EPS)
+    dense = torch.ops.yolofast.tal_assign.maps(maps, 4, *args)
+    sparse = torch.ops.yolofast.tal_assign.maps(maps, 4, *args, False)
+    assert sparse[2].shape == dense[2].shape[:2] and sparse[2].dtype == dense[2].dtype
+    assert torch.equal(sparse[2], dense[2].sum(-1))
+    assert torch.equal(dense_target_scores(sparse[2], sparse[0], C), dense[2])
+    assert (sparse[2][~sparse[3]] == 0).all() and sparse[3].sum() > 0
+    for a, b in zip(dense[:2] + dense[3:], sparse[:2] + sparse[3:]):
+        assert torch.equal(a, b)
+    for name in ("cpp", "ref"):
+        with ops.backend(name):
+            got = ops.tal_assign_maps(maps, *args[:5], reg_max=4, dense_scores=False)
+        for a, b in zip(got[:2] + got[3:], sparse[:2] + sparse[3:]):
+            assert torch.equal(a, b), name
+        torch.testing.assert_close(got[2], sparse[2], rtol=1e-6, atol=1e-12)
+    empty = torch.ops.yolofast.tal_assign.maps(maps, 4, pd, anc, labels[:, :0], gt[:, :0], mask[:, :0], TOPK,
+                                               ALPHA, BETA, EPS, False)
+    assert empty[2].shape == dense[2].shape[:2] and not empty[2].any()
+    torch.library.opcheck(torch.ops.yolofast.tal_assign.maps, (maps, 4, *args, False))

@@ -33,6 +33,9 @@ Ops (tensor shapes as in ``reference.py``):
       compact=False makes it static: N = B*A, row b*A + a, zero rows off the foreground (for tracing).
       target_scores may be (B, A) per anchor, as tal_assign.maps(dense_scores=False) gives them, with
       target_labels (B, A): the (B, A, C) targets are then one-hot of class min(max(label, 0), C - 1).
+      weights (3,) (per-anchor targets only): the gradient the caller will bring to the losses; grad_cls
+      is then each map's whole final gradient (B, 4R+C, H_i, W_i) of weights . losses, which backward
+      hands on as it is when that gradient arrives (once), and rescales otherwise.
   _bbox_loss_maps_scale(grad_cls, fg_rows, fg_index, c, reg_max) -> [(B, 4R+C, H_i, W_i)]
       bbox_loss_maps' backward (CPU): each map's gradient written once, class channels grad_cls*c[1], box
       channels fg_rows[:, 0]*c[0] + fg_rows[:, 1]*c[2] at the foreground anchors and 0 elsewhere.
@@ -62,6 +65,7 @@ import torch
 from torch import Tensor
 
 from yolofast.ops import _bbox_loss_grad, _build
+from yolofast.ops._bbox_loss_grad import eager as _eager
 
 NAMESPACE = "yolofast"
 _lib = torch.library.Library(NAMESPACE, "DEF")
@@ -84,7 +88,7 @@ _lib.define(
 )
 _lib.define(
     "bbox_loss_maps(Tensor[] feats, Tensor anchor_points, Tensor target_bboxes, Tensor target_scores, "
-    "Tensor fg_mask, int reg_max, bool compact=True, Tensor? target_labels=None) "
+    "Tensor fg_mask, int reg_max, bool compact=True, Tensor? target_labels=None, Tensor? weights=None) "
     "-> (Tensor, Tensor[], Tensor, Tensor, Tensor)"
 )
 _lib.define(
@@ -186,10 +190,11 @@ def _maps_dtype(feats) -> torch.dtype:
 
 @torch.library.register_fake("yolofast::bbox_loss_maps", lib=_lib)
 def _bbox_loss_maps_fake(feats, anchor_points, target_bboxes, target_scores, fg_mask, reg_max, compact=True,
-                         target_labels=None):
+                         target_labels=None, weights=None):
     dt = _maps_dtype(feats)
     B, no = feats[0].shape[:2]
-    grad_cls = [f.new_empty((B, no - 4 * reg_max, *f.shape[2:]), dtype=dt) for f in feats]
+    ch = no if weights is not None else no - 4 * reg_max  # the whole gradient, or the class channels'
+    grad_cls = [f.new_empty((B, ch, *f.shape[2:]), dtype=dt) for f in feats]
     # The foreground count, or every anchor in the static layout.
     n = torch.library.get_ctx().new_dynamic_size() if compact else fg_mask.numel()
     return (feats[0].new_empty((3,), dtype=dt), grad_cls, feats[0].new_empty((n, 2, 4 * reg_max), dtype=dt),
@@ -353,26 +358,21 @@ def bbox_loss_maps(
     fg_mask: Tensor,
     reg_max: int = 16,
     target_labels: Tensor | None = None,
+    weights: Tensor | None = None,
 ) -> Tensor:
     """Compiled ``bbox_loss`` read from the head's maps in place: (3,) [L_box, L_cls, L_dfl], differentiable
     w.r.t. every map (the gradients, in the maps' layout, are computed in the forward pass). target_scores
-    (B, A) per anchor with their classes in target_labels, or (B, A, C)."""
+    (B, A) per anchor with their classes in target_labels, or (B, A, C). weights (3,): the gradient the
+    caller's backward will bring to the three losses; the forward then writes the final map gradients
+    (used in eager mode with per-anchor targets; traced code keeps the general layout)."""
     _ensure_loaded()
+    eager = _eager()
+    if not eager or target_scores.dim() != 2:
+        weights = None
     return torch.ops.yolofast.bbox_loss_maps(
-        list(feats), anchor_points, target_bboxes, target_scores, fg_mask, int(reg_max), _eager(),
-        target_labels,
+        list(feats), anchor_points, target_bboxes, target_scores, fg_mask, int(reg_max), eager,
+        target_labels, weights,
     )[0]
-
-
-def _eager() -> bool:
-    """Plain eager execution: the data-dependent (compact) layout of bbox_loss_maps is fine. Under
-    torch.compile or a dispatch mode (a graph-capture recorder such as tests/graph_emulator.py, fake
-    tensors) shapes must not depend on the data, so the static layout is used (same values)."""
-    if torch.compiler.is_compiling():
-        return False
-    from torch.utils._python_dispatch import _get_current_dispatch_mode
-
-    return _get_current_dispatch_mode() is None
 
 
 def head_decode(feats: list[Tensor], strides, reg_max: int = 16) -> tuple[Tensor, Tensor]:

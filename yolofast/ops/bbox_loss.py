@@ -61,11 +61,14 @@ def bbox_loss_maps(
     fg_mask: torch.Tensor,
     reg_max: int = 16,
     target_labels: torch.Tensor | None = None,
+    weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``bbox_loss`` of the head's maps: feats a list of (B, 4*reg_max + nc, H_i, W_i) logits, anchors level
     by level (pixel h*W_i + w); the other arguments as in ``bbox_loss`` with A = sum H_i*W_i.
     target_scores may also be (B, A), one score per anchor of class ``target_labels.clamp(0, nc - 1)``
-    (``tal_assign_maps(..., dense_scores=False)``).
+    (``tal_assign_maps(..., dense_scores=False)``). weights (3,), optional: the gradient the caller's backward
+    will bring to the three losses (DetectionLoss: its gains x batch size); the C++ backend then computes the
+    final map gradients in the forward pass, and its backward has nothing left to write. Values are the same.
 
     Returns (3,) [L_box, L_cls, L_dfl], differentiable w.r.t. every map. The C++ backend reads the maps in
     place (no cat, no transpose, the gradients written in the maps' layout); the others cat first.
@@ -75,7 +78,7 @@ def bbox_loss_maps(
         from yolofast.ops import _library
 
         return _library.bbox_loss_maps(feats, anchor_points, target_bboxes, target_scores, fg_mask, reg_max,
-                                       target_labels)
+                                       target_labels, weights)
     if target_scores.dim() == 2:
         target_scores = dense_target_scores(target_scores, target_labels, feats[0].shape[1] - 4 * reg_max)
     pred_dist, pred_scores = maps_to_rows(feats, reg_max)
