@@ -120,36 +120,6 @@ Strided<T> rows_of(const at::Tensor& t) {  // (B, A, K) contiguous: channel stri
   return {const_cast<T*>(t.const_data_ptr<T>()), t.size(1) * t.size(2), 1, t.size(2)};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bbox_loss_cpu(
-    const at::Tensor& pred_dist, const at::Tensor& pred_scores, const at::Tensor& anchor_points,
-    const at::Tensor& target_bboxes, const at::Tensor& target_scores, const at::Tensor& fg_mask) {
-  yolofast_checks::bbox_loss_shapes(pred_dist, pred_scores, anchor_points, target_bboxes, target_scores, fg_mask,
-                                    kMaxRegMax);
-  const int64_t B = pred_dist.size(0), A = pred_dist.size(1), R4 = pred_dist.size(2), C = pred_scores.size(2);
-  const auto in =
-      yolofast_checks::bbox_loss_inputs(pred_dist, pred_scores, anchor_points, target_bboxes, target_scores, fg_mask);
-  const auto opt = in.pd.options();
-  auto gbox = at::empty({B, A, R4}, opt);
-  auto gdfl = at::empty({B, A, R4}, opt);
-  auto gcls = at::empty({B, A, C}, opt);
-  poison({&gbox, &gdfl, &gcls});
-
-  auto go = [&](auto zero) {
-    using T = decltype(zero);
-    LossLevel<T> L;
-    const auto pd = rows_of<T>(in.pd), ps = rows_of<T>(in.ps);
-    L.dist = {pd.p, pd.sb, pd.sc, pd.sa};
-    L.score = {ps.p, ps.sb, ps.sc, ps.sa};
-    L.gbox = rows_of<T>(gbox), L.gdfl = rows_of<T>(gdfl), L.gcls = rows_of<T>(gcls);
-    L.n = A, L.a0 = 0;
-    return run_blocks<T>({L}, targets_of<T>(in.anc, in.tb, in.ts, in.fg, static_cast<int>(R4 / 4)),
-                         make_blocks({A}, B, kRowBlock), {});
-  };
-  const auto sums = in.f64 ? go(double(0)) : go(float(0));
-  auto [losses, inv_s] = losses_and_inv_s(sums, in.f64, opt);
-  return {losses, gbox, gdfl, gcls, inv_s};
-}
-
 // Where the box and DFL gradients of S*L_box, S*L_dfl go: compact (the foreground anchors' rows only, at
 // b8/640/50 GT ~4 % of the anchors, so the forward no longer writes and the backward no longer reads 2 x 17 MB
 // of zero rows) or, for a static shape, one zero-initialised row per anchor (row b*A + a).
@@ -222,6 +192,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bbox_loss
   const auto sums = in.f64 ? go(double(0)) : go(float(0));
   auto [losses, inv_s] = losses_and_inv_s(sums, in.f64, opt);
   return {losses, gcls, fr.rows, fr.index, inv_s};
+}
+
+// yolofast::bbox_loss's (B, A, .) contract on the CPU, kept for callers of the op itself (the public
+// bbox_loss takes bbox_loss.rows): the rows of every anchor, split into the box and DFL gradients.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bbox_loss_cpu(
+    const at::Tensor& pred_dist, const at::Tensor& pred_scores, const at::Tensor& anchor_points,
+    const at::Tensor& target_bboxes, const at::Tensor& target_scores, const at::Tensor& fg_mask) {
+  auto [losses, gcls, rows, index, inv_s] =
+      bbox_loss_rows_cpu(pred_dist, pred_scores, anchor_points, target_bboxes, target_scores, fg_mask, false);
+  const auto sizes = gcls.sizes().vec();
+  const std::vector<int64_t> box_sizes = {sizes[0], sizes[1], rows.size(2)};
+  auto part = [&](int64_t i) { return rows.select(1, i).reshape(box_sizes).contiguous(); };
+  return {losses, part(0), part(1), gcls, inv_s};
 }
 
 std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor, at::Tensor> bbox_loss_maps_cpu(
@@ -389,74 +372,6 @@ std::vector<at::Tensor> bbox_loss_maps_scale_cpu(at::TensorList grad_cls, const 
   return out;
 }
 
-// backward of yolofast::bbox_loss in one pass: grad_pred_dist = gbox*c[0] + gdfl*c[2] and grad_pred_scores =
-// gcls*c[1] (c = the incoming grads / S). The box and DFL gradients are zero off the foreground (the forward
-// wrote those zeros), so a background row is written as c[0]*0 + c[2]*0 without reading its 2 x 4R inputs:
-// at b8/640/50 GT 96 % of the rows, 33 MB of reads saved, and one pass instead of autograd-style
-// mul + addcmul (a temporary written and read again).
-template <typename T>
-void scale_grads(const at::Tensor& gbox, const at::Tensor& gdfl, const at::Tensor& gcls, const bool* fg,
-                 const T* c, at::Tensor& gdist, at::Tensor& gscores) {
-  using V = Vec<T>;
-  constexpr int64_t W = V::size();
-  const int64_t rows = gbox.size(0) * gbox.size(1), R4 = gbox.size(2), C = gcls.size(2);
-  const T c0 = c[0], c1 = c[1], c2 = c[2];
-  const T bg = c0 * T(0) + c2 * T(0);  // NaN when an incoming grad is not finite, as gbox*c0 + gdfl*c2 is
-  const T* pb = gbox.const_data_ptr<T>();
-  const T* pd = gdfl.const_data_ptr<T>();
-  const T* pc = gcls.const_data_ptr<T>();
-  T* od = gdist.mutable_data_ptr<T>();
-  T* os = gscores.mutable_data_ptr<T>();
-  const V v0(c0), v1(c1), v2(c2), vbg(bg);
-  // ~40 floats a row: 2048 rows (~330 KB) a chunk.
-  at::parallel_for(0, rows, 2048, [&](int64_t r0, int64_t r1) {
-    note_thread();
-    for (int64_t r = r0; r < r1; ++r) {
-      T* o = od + r * R4;
-      int64_t j = 0;
-      if (fg[r]) {
-        const T* b = pb + r * R4;
-        const T* d = pd + r * R4;
-        for (; j + W <= R4; j += W) (V::loadu(b + j) * v0 + V::loadu(d + j) * v2).store(o + j);
-        for (; j < R4; ++j) o[j] = b[j] * c0 + d[j] * c2;
-      } else {
-        for (; j + W <= R4; j += W) vbg.store(o + j);
-        for (; j < R4; ++j) o[j] = bg;
-      }
-    }
-    const T* x = pc + r0 * C;
-    T* y = os + r0 * C;
-    const int64_t n = (r1 - r0) * C;
-    int64_t j = 0;
-    for (; j + W <= n; j += W) (V::loadu(x + j) * v1).store(y + j);
-    for (; j < n; ++j) y[j] = x[j] * c1;
-  });
-}
-
-std::tuple<at::Tensor, at::Tensor> bbox_loss_scale_cpu(const at::Tensor& gbox, const at::Tensor& gdfl,
-                                                       const at::Tensor& gcls, const at::Tensor& fg_mask,
-                                                       const at::Tensor& c) {
-  TORCH_CHECK(gbox.dim() == 3 && gdfl.sizes() == gbox.sizes() && gcls.dim() == 3 &&
-                  gcls.size(0) == gbox.size(0) && gcls.size(1) == gbox.size(1) && fg_mask.numel() ==
-                  gbox.size(0) * gbox.size(1) && c.numel() == 3,
-              "yolofast::_bbox_loss_scale: expects the (B, A, 4R) box and DFL gradients, the (B, A, C) class "
-              "gradient, fg_mask (B, A) and c (3,) of yolofast::bbox_loss; got ", gbox.sizes(), ", ",
-              gdfl.sizes(), ", ", gcls.sizes(), ", ", fg_mask.sizes(), ", ", c.sizes());
-  const auto dt = gbox.scalar_type();
-  TORCH_CHECK((dt == at::kFloat || dt == at::kDouble) && gdfl.scalar_type() == dt && gcls.scalar_type() == dt,
-              "yolofast::_bbox_loss_scale: the gradients must be all float32 or all float64 (bbox_loss's "
-              "compute dtype)");
-  const at::Tensor gb = gbox.contiguous(), gd = gdfl.contiguous(), gc = gcls.contiguous();
-  const at::Tensor fg = fg_mask.to(at::kBool).contiguous();
-  const at::Tensor cc = c.to(dt).contiguous();
-  at::Tensor gdist = at::empty_like(gb), gscores = at::empty_like(gc);
-  if (dt == at::kDouble)
-    scale_grads<double>(gb, gd, gc, fg.const_data_ptr<bool>(), cc.const_data_ptr<double>(), gdist, gscores);
-  else
-    scale_grads<float>(gb, gd, gc, fg.const_data_ptr<bool>(), cc.const_data_ptr<float>(), gdist, gscores);
-  return {gdist, gscores};
-}
-
 // backward of yolofast::bbox_loss.rows in one pass: grad_pred_dist is c[0]*0 + c[2]*0 (NaN when an incoming
 // grad is not finite, as the dense product gives) except at the foreground rows, box*c[0] + DFL*c[2];
 // grad_pred_scores = gcls*c[1]. Chunks of anchors; each finds its run of the ascending index.
@@ -534,7 +449,6 @@ TORCH_LIBRARY_IMPL(yolofast, CPU, m) {
   m.impl("bbox_loss.rows", &bbox_loss_rows_cpu);
   m.impl("_bbox_loss_rows_scale", &bbox_loss_rows_scale_cpu);
   m.impl("bbox_loss_maps", &bbox_loss_maps_cpu);
-  m.impl("_bbox_loss_scale", &bbox_loss_scale_cpu);
   m.impl("_bbox_loss_maps_scale", &bbox_loss_maps_scale_cpu);
   m.impl("_bbox_vec_bits", &bbox_vec_bits_cpu);
 }

@@ -213,24 +213,6 @@ def test_opcheck(lib):
     torch.library.opcheck(torch.ops.yolofast.bbox_loss.default, (pd, ps, anc, tb, ts, fg))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_one_pass_backward_matches_the_formula(lib, dtype):
-    """yolofast::_bbox_loss_scale (the CPU backward) = gd_box*c0 + gd_dfl*c2 and gs*c1, as the formula of
-    _bbox_loss_grad.backward, while reading only the foreground rows of the box/DFL gradients (zero
-    elsewhere, as the forward writes them); a non-finite incoming grad reaches the background rows too."""
-    pd, ps, anc, tb, ts, fg = make_inputs(2, 203, 7, 11, fg_frac=0.3, dtype=dtype)  # 203: vector tails
-    _, gb, gd, gs, _ = torch.ops.yolofast.bbox_loss(pd, ps, anc, tb, ts, fg)
-    assert (gb[~fg] == 0).all() and (gd[~fg] == 0).all()
-    for c in ([0.7, 1.3, -0.4], [float("nan"), 1.0, 1.0]):
-        c = torch.tensor(c, dtype=dtype)
-        got_dist, got_scores = torch.ops.yolofast._bbox_loss_scale(gb, gd, gs, fg, c)
-        want = (gb * c[0]).addcmul_(gd, c[2])
-        torch.testing.assert_close(got_dist, want, rtol=1e-6, atol=0, equal_nan=True)
-        torch.testing.assert_close(got_scores, gs * c[1], rtol=0, atol=0)
-    c = torch.tensor([0.7, 1.3, -0.4], dtype=dtype)
-    torch.library.opcheck(torch.ops.yolofast._bbox_loss_scale.default, (gb, gd, gs, fg, c))
-
-
 def test_tal_assign_opcheck(lib):
     if not torch._C._dispatch_has_kernel_for_dispatch_key("yolofast::tal_assign", "CPU"):
         pytest.skip("csrc/cpu/tal_assign_kernel.cpp is not part of this build yet")

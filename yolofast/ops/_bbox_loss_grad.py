@@ -33,32 +33,21 @@ def eager() -> bool:
 
 
 def setup_context(ctx, inputs, output) -> None:
-    pred_dist, pred_scores, fg_mask = inputs[0], inputs[1], inputs[5]
-    _, grad_dist_box, grad_dist_dfl, grad_scores, inv_s = output
-    ctx.save_for_backward(grad_dist_box, grad_dist_dfl, grad_scores, inv_s, fg_mask)
-    ctx.dtypes = (pred_dist.dtype, pred_scores.dtype)
-    ctx.mark_non_differentiable(grad_dist_box, grad_dist_dfl, grad_scores, inv_s)
+    """Both (B, A, .) ops, ``bbox_loss`` and ``bbox_loss.rows``: every output but the losses is kept for
+    backward and is not differentiable."""
+    ctx.save_for_backward(*output[1:])
+    ctx.dtypes = (inputs[0].dtype, inputs[1].dtype)
+    ctx.mark_non_differentiable(*output[1:])
     # Otherwise autograd hands backward zero-filled grads for those 4 outputs: 55 MB of memset per step.
     ctx.set_materialize_grads(False)
 
 
-def _fused_scale_here(t: torch.Tensor) -> bool:
-    """Whether the one-pass C++ backward (yolofast::_bbox_loss_scale) has a kernel for ``t``'s device."""
-    return t.device.type == "cpu" and torch._C._dispatch_has_kernel_for_dispatch_key(
-        "yolofast::_bbox_loss_scale", "CPU")
-
-
 def backward(ctx, g_losses, *_unused):
-    grad_dist_box, grad_dist_dfl, grad_scores, inv_s, fg_mask = ctx.saved_tensors
+    grad_dist_box, grad_dist_dfl, grad_scores, inv_s = ctx.saved_tensors
     if g_losses is None:
         return (None,) * 6
     c = g_losses.to(inv_s.dtype) * inv_s  # (3,): the incoming grads over S
     grad_dist = grad_pred_scores = None
-    if ctx.needs_input_grad[0] and ctx.needs_input_grad[1] and _fused_scale_here(grad_dist_box):
-        # One pass over the stored gradients instead of three (b8/640, 1 thread: 5.4 -> 3.7 ms, best of 40).
-        grad_dist, grad_pred_scores = torch.ops.yolofast._bbox_loss_scale(
-            grad_dist_box, grad_dist_dfl, grad_scores, fg_mask, c)
-        return grad_dist.to(ctx.dtypes[0]), grad_pred_scores.to(ctx.dtypes[1]), None, None, None, None
     if ctx.needs_input_grad[0]:
         # One fresh (B, A, 4R) buffer, not two: at B=8 each costs ~17 MB of first-touch page faults.
         grad_dist = (grad_dist_box * c[0]).addcmul_(grad_dist_dfl, c[2]).to(ctx.dtypes[0])
@@ -106,15 +95,6 @@ def maps_backward(ctx, g_losses, *_unused):
         c = torch.stack((c[0], c[1] / k[1], c[2]))
     grads = torch.ops.yolofast._bbox_loss_maps_scale(grad_cls, fg_rows, fg_index, c, ctx.reg_max)
     return [g.to(dt) for g, dt in zip(grads, ctx.dtypes)], *rest
-
-
-def rows_setup_context(ctx, inputs, output) -> None:
-    pred_dist, pred_scores = inputs[0], inputs[1]
-    _, grad_scores, fg_rows, fg_index, inv_s = output
-    ctx.save_for_backward(grad_scores, fg_rows, fg_index, inv_s)
-    ctx.dtypes = (pred_dist.dtype, pred_scores.dtype)
-    ctx.mark_non_differentiable(grad_scores, fg_rows, fg_index, inv_s)
-    ctx.set_materialize_grads(False)
 
 
 def rows_backward(ctx, g_losses, *_unused):

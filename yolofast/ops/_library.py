@@ -39,9 +39,6 @@ Ops (tensor shapes as in ``reference.py``):
   _bbox_loss_maps_scale(grad_cls, fg_rows, fg_index, c, reg_max) -> [(B, 4R+C, H_i, W_i)]
       bbox_loss_maps' backward (CPU): each map's gradient written once, class channels grad_cls*c[1], box
       channels fg_rows[:, 0]*c[0] + fg_rows[:, 1]*c[2] at the foreground anchors and 0 elsewhere.
-  _bbox_loss_scale(grad_dist_box, grad_dist_dfl, grad_scores, fg_mask, c) -> (grad_dist, grad_scores)
-      bbox_loss's backward in one pass (CPU): gd_box*c[0] + gd_dfl*c[2] (reading only the foreground
-      rows, the others are zero) and gs*c[1], with c = g * inv_s (3,).
   tal_assign.maps(feats, reg_max, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, alpha, beta,
                   eps, dense_scores=True)
       -> tal_assign's outputs for pd_scores = sigmoid of the maps' class logits (as (B, A, C)), read in
@@ -94,10 +91,6 @@ _lib.define(
 _lib.define(
     "_bbox_loss_maps_scale(Tensor[] grad_cls, Tensor fg_rows, Tensor fg_index, Tensor c, int reg_max) "
     "-> Tensor[]"
-)
-_lib.define(
-    "_bbox_loss_scale(Tensor grad_dist_box, Tensor grad_dist_dfl, Tensor grad_scores, Tensor fg_mask, "
-    "Tensor c) -> (Tensor, Tensor)"
 )
 _lib.define(
     "tal_assign.maps(Tensor[] feats, int reg_max, Tensor pd_bboxes, Tensor anc_points, Tensor gt_labels, "
@@ -159,11 +152,6 @@ def _bbox_loss_fake(pred_dist, pred_scores, anchor_points, target_bboxes, target
         pred_dist.new_empty((B, A, C), dtype=dt),
         pred_dist.new_empty((), dtype=dt),
     )
-
-
-@torch.library.register_fake("yolofast::_bbox_loss_scale", lib=_lib)
-def _bbox_loss_scale_fake(grad_dist_box, grad_dist_dfl, grad_scores, fg_mask, c):
-    return torch.empty_like(grad_dist_box), torch.empty_like(grad_scores)
 
 
 @torch.library.register_fake("yolofast::bbox_loss.rows", lib=_lib)
@@ -240,7 +228,7 @@ torch.library.register_autograd(
 torch.library.register_autograd(
     "yolofast::bbox_loss.rows",
     _bbox_loss_grad.rows_backward,
-    setup_context=_bbox_loss_grad.rows_setup_context,
+    setup_context=_bbox_loss_grad.setup_context,
     lib=_lib,
 )
 
