@@ -1,5 +1,6 @@
 """DDP on CPU with 2 gloo processes (DESIGN §4/§6): the averaged gradients equal the single-process
-full-batch ones for a BatchNorm-free model, and a torchrun'd epoch completes with only rank 0 writing."""
+full-batch ones for a BatchNorm-free model, and a torchrun'd epoch completes with only rank 0 writing.
+Also ``unwrap_model``: what it sees through (DDP/DataParallel, torch.compile, a distillation step)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from torch import nn
 
 from yolofast.data import make_shapes
 from yolofast.engine.compile import train_step_modules
-from yolofast.engine.distributed import destroy_distributed, init_distributed, is_distributed
+from yolofast.engine.distributed import destroy_distributed, init_distributed, is_distributed, unwrap_model
 from yolofast.loss import DetectionLoss
 from yolofast.nn import YOLOV8
 
@@ -103,6 +104,44 @@ def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class _DistillLike(nn.Module):
+    """What unwrap_model knows of engine/distill.py's DistillStep: a ``student`` submodule beside others."""
+
+    def __init__(self, student):
+        super().__init__()
+        self.student = student
+        self.projector = nn.Conv2d(3, 3, 1)
+
+
+def test_unwrap_model_plain_and_wrapped():
+    model = _Toy()
+    assert unwrap_model(model) is model
+    assert unwrap_model(nn.DataParallel(model)) is model
+    assert unwrap_model(torch.compile(model)) is model  # an OptimizedModule: nothing compiles before a call
+    assert unwrap_model(nn.DataParallel(torch.compile(model))) is model
+    assert unwrap_model(torch.compile(nn.DataParallel(model))) is model
+    assert unwrap_model(model, student=True) is model
+    assert unwrap_model(nn.DataParallel(torch.compile(model)), student=True) is model
+
+
+def test_unwrap_model_student_only_when_asked():
+    """Checkpoints and the non-finite restore keep a distillation step whole; the EMA follows its student."""
+    model = _Toy()
+    step = _DistillLike(model)
+    assert unwrap_model(step) is step
+    assert unwrap_model(nn.DataParallel(torch.compile(step))) is step
+    assert unwrap_model(step, student=True) is model
+    assert unwrap_model(nn.DataParallel(torch.compile(step)), student=True) is model
+    assert unwrap_model(torch.compile(_DistillLike(nn.DataParallel(model))), student=True) is model
+
+
+def test_unwrap_model_ignores_a_student_that_is_no_module():
+    model = _Toy()
+    model.student = "not a module"  # a plain attribute: nn.Module keeps it outside _modules
+    assert unwrap_model(model, student=True) is model
+    assert unwrap_model(torch.compile(model), student=True) is model
 
 
 def test_ddp_gradients_equal_full_batch(tmp_path):

@@ -230,18 +230,24 @@ def test_reassigned_buffer_is_followed():
     torch.testing.assert_close(ema.ema[1].running_mean, 0.5 * mean + 0.5 * 2.0)
 
 
-def test_unwrap_model_sees_through_compile_ddp_like_and_distill_wrappers():
-    from yolofast.engine.ema import unwrap_model
-
-    model = small_model()
+def test_ema_of_a_distillation_step_keeps_the_student_alone():
+    """Built from and updated with a distillation step (engine/distill.py: the graphed train step passes
+    its step model), possibly DataParallel/compile-wrapped: the EMA holds and follows the student only."""
 
     class Distill(nn.Module):
         def __init__(self, student):
             super().__init__()
             self.student = student
-            self.proj = nn.Linear(2, 2)
+            self.projector = nn.Linear(2, 2)
 
-    assert unwrap_model(model) is model
-    assert unwrap_model(torch.compile(model)) is model
-    assert unwrap_model(nn.DataParallel(Distill(model))) is model
-    assert unwrap_model(torch.compile(Distill(model))) is model
+    model = small_model()
+    step = Distill(model)
+    ema = ModelEMA(nn.DataParallel(step), decay=0.5, tau=1e-9)  # d = 0.5 from the first update
+    assert set(ema.ema.state_dict()) == set(model.state_dict())
+    before = copy.deepcopy(ema.ema.state_dict())
+    train_step(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    ema.update(torch.compile(step))
+    now = model.state_dict()
+    for k, v in ema.ema.state_dict().items():
+        if v.is_floating_point():
+            torch.testing.assert_close(v, 0.5 * before[k] + 0.5 * now[k])

@@ -71,15 +71,28 @@ def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The module under DataParallel/DistributedDataParallel/torch.compile wrappers."""
+def unwrap_model(model: torch.nn.Module, student: bool = False) -> torch.nn.Module:
+    """The module under DistributedDataParallel/DataParallel (``.module``) and torch.compile
+    (``._orig_mod``) wrappers, in any nesting; with ``student=True`` also the student of a distillation
+    step (``DistillStep.student``, engine/distill.py): the model whose EMA is kept.
+
+    ``_orig_mod`` and ``student`` are read from ``_modules``, where nn.Module keeps an assigned submodule:
+    getattr of a missing name raises an AttributeError inside Module.__getattr__, the costliest part of a
+    per-step EMA update of a plain model. Only a submodule counts (a ``student`` attribute that is not an
+    nn.Module is left alone); an object that is not an nn.Module is returned as it is."""
     while True:
         if isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
             model = model.module
-        elif hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        else:
+            continue
+        sub = getattr(model, "_modules", None)
+        if sub is None:
             return model
+        inner = sub.get("_orig_mod")
+        if student and not isinstance(inner, torch.nn.Module):
+            inner = sub.get("student")
+        if not isinstance(inner, torch.nn.Module):
+            return model
+        model = inner
 
 
 def restart_count() -> int:

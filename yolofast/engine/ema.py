@@ -10,26 +10,9 @@ from itertools import chain
 import torch
 from torch import nn
 
+from yolofast.engine.distributed import unwrap_model
 from yolofast.ops import ema_update
 from yolofast.ops._backend import backend_name, requested_backend
-
-
-def unwrap_model(model: nn.Module) -> nn.Module:
-    """The plain module under DDP/DataParallel (``.module``) and torch.compile (``._orig_mod``) wrappers,
-    and the student of a distillation step (``.student``): the model whose EMA is kept. The last two are
-    read from ``_modules``, where nn.Module keeps an assigned submodule: getattr of a missing name raises
-    an AttributeError inside Module.__getattr__, the costliest part of this per update for a plain model."""
-    while True:
-        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
-            model = model.module
-            continue
-        sub = model._modules
-        inner = sub.get("_orig_mod")
-        if not isinstance(inner, nn.Module):
-            inner = sub.get("student")  # engine/distill.py
-        if not isinstance(inner, nn.Module):
-            return model
-        model = inner
 
 
 def _state_tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -116,7 +99,7 @@ class ModelEMA:
 
     def __init__(self, model: nn.Module, decay: float = 0.9999, tau: float = 2000, updates: int = 0,
                  flat: bool | None = None):
-        model = unwrap_model(model)
+        model = unwrap_model(model, student=True)
         self.ema = copy.deepcopy(model).eval()
         for p in self.ema.parameters():
             p.requires_grad_(False)
@@ -184,7 +167,7 @@ class ModelEMA:
         if self.flat or torch._C._len_torch_dispatch_stack() or requested_backend("ema_update")[0] not in (
                 "auto", "cpp"):
             return False
-        model, settings, plan = unwrap_model(model), (self.decay, self.tau), self._plan
+        model, settings, plan = unwrap_model(model, student=True), (self.decay, self.tau), self._plan
         if plan is None or not plan.current(model, settings):
             if backend_name("ema_update", "cpu") != "cpp":
                 return False
@@ -198,10 +181,11 @@ class ModelEMA:
 
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
-        """One EMA step towards ``model`` (same architecture; may be DDP/compile-wrapped)."""
+        """One EMA step towards ``model`` (same architecture; may be DDP/compile-wrapped, or a distillation
+        step whose student is followed)."""
         if self._plan_step(model):
             return
-        model = unwrap_model(model)
+        model = unwrap_model(model, student=True)
         src = self._model_tensors(model)
         self._updates += 1
         d = self.decay_tensor()
