@@ -27,7 +27,7 @@ TINY = {k: v for k, v in copy.deepcopy(YOLOV8).items() if k != "scales"}
 TINY.update(depth_multiple=0.33, width_multiple=0.125, max_channels=256)
 TEACHER = {**copy.deepcopy(TINY), "width_multiple": 0.25}
 FAST = dict(model=TINY, imgsz=64, batch=4, workers=0, verbose=False, plots=False)
-RECT3 = Path("/work/shared/data/ultralytics")
+RECT3 = Path(__file__).resolve().parents[3] / "shared" / "data" / "ultralytics"  # beside the checkout
 
 
 @pytest.fixture(autouse=True)
