@@ -26,9 +26,10 @@ using Vec = at::vec::Vectorized<T>;
 // sig = sigmoid(x) (the gradient is sig - t), from one exp. The class loss runs this on every logit
 // (B*A*C, 5.4M at b8/640), so its cost is counted in divisions: on Zen 4 a vdivps ymm occupies the divider
 // ~5 cycles, as long as the rest of one vector's work.
-// float: log1p(e) for e = exp(-|x|) in (0, 1] as 2*atanh(s), s = e / (2 + e) in (0, 1/3], odd series to
-// s^13: relative error < (1/9)^7 / 15 = 1.4e-8, a quarter of float's ulp, and full relative precision for
-// tiny e (log(1 + e) would lose ~3 digits at e ~ 1e-4). The two quotients s = e / (2 + e) and
+// float: log1p(e) for e = exp(-|x|) in (0, 1] as 2*atanh(s) = 2s * q(s^2), s = e / (2 + e) in (0, 1/3]:
+// q is a degree-4 minimax fit of atanh(s)/s on s^2 in [0, 1/9] (relative error 6.9e-8 evaluated in float,
+// the same as the Taylor series to s^13 it replaces, 7.4e-8, with 4 FMAs instead of 6), and full relative
+// precision for tiny e (log(1 + e) would lose ~3 digits at e ~ 1e-4). The two quotients s = e / (2 + e) and
 // sig = (x >= 0 ? 1 : e) / (1 + e) share one reciprocal r = 1 / ((1 + e)(2 + e)): one division, not two,
 // for ~2 ulp more rounding in each (the tests hold gradients to 1e-5 relative).
 // double: the plain formulas with Sleef's log1p (1 ulp), which gradcheck's fp64 needs.
@@ -43,13 +44,11 @@ inline void softplus_sigmoid(const Vec<T>& x, Vec<T>& sp, Vec<T>& sig) {
     const Vec<T> r = one / (e1 * e2);
     const Vec<T> s = e * e1 * r;
     const Vec<T> s2 = s * s;
-    Vec<T> q(1.0f / 13.0f);
-    q = at::vec::fmadd(q, s2, Vec<T>(1.0f / 11.0f));
-    q = at::vec::fmadd(q, s2, Vec<T>(1.0f / 9.0f));
-    q = at::vec::fmadd(q, s2, Vec<T>(1.0f / 7.0f));
-    q = at::vec::fmadd(q, s2, Vec<T>(1.0f / 5.0f));
-    q = at::vec::fmadd(q, s2, Vec<T>(1.0f / 3.0f));
-    q = at::vec::fmadd(q, s2, one);
+    Vec<T> q(0.14089596f);
+    q = at::vec::fmadd(q, s2, Vec<T>(0.13980540f));
+    q = at::vec::fmadd(q, s2, Vec<T>(0.20012406f));
+    q = at::vec::fmadd(q, s2, Vec<T>(0.33333160f));
+    q = at::vec::fmadd(q, s2, Vec<T>(1.0000000f));
     sp = at::vec::fmadd(two * s, q, Vec<T>::blendv(zero, x, pos));  // max(x, 0) + log1p(e)
     sig = num * e2 * r;
   } else {
