@@ -253,6 +253,12 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor, at::Tens
     k_t = at::empty({3}, opt.dtype(ct));
     auto scale = [&](auto zero) {
       using T = decltype(zero);
+      for (int i = 0; i < 3; ++i) {
+        const T wi = w.const_data_ptr<T>()[i];
+        TORCH_CHECK(std::isfinite(static_cast<double>(wi)) && wi != T(0), "yolofast::bbox_loss_maps: weights "
+                    "must be finite and non-zero (the backward rescales from them for any other gradient); got ",
+                    weights->cpu());
+      }
       const T inv = static_cast<T>(1.0 / S);  // losses_and_inv_s' inv_s
       for (int i = 0; i < 3; ++i) k_t.mutable_data_ptr<T>()[i] = w.const_data_ptr<T>()[i] * inv;
     };

@@ -384,6 +384,10 @@ def test_final_gradients_every_element_written_and_opcheck(lib, monkeypatch):
         assert torch.equal(a, b)
     with pytest.raises(RuntimeError, match="weights"):
         torch.ops.yolofast.bbox_loss_maps(feats, anc, tb, ts, fg, 5, True, None, w)  # dense targets
+    for bad in (0.0, float("inf")):
+        with pytest.raises(RuntimeError, match="finite and non-zero"):
+            bad_w = torch.tensor([1.0, bad, 1.0])
+            torch.ops.yolofast.bbox_loss_maps(feats, anc, tb, score, fg, 5, True, label, bad_w)
     for grad in (False, True):
         fs = [f.clone().requires_grad_(grad) for f in feats]
         args = (fs, anc, tb, score, fg, 5, False, label, w)

@@ -24,7 +24,7 @@ Ops (tensor shapes as in ``reference.py``):
       bbox_loss.rows' backward (CPU) in one pass: fg_rows[:, 0]*c[0] + fg_rows[:, 1]*c[2] at the foreground
       anchors, 0 elsewhere, and grad_scores*c[1].
   bbox_loss_maps(feats, anchor_points, target_bboxes, target_scores, fg_mask, reg_max, compact=True,
-                 target_labels=None)
+                 target_labels=None, weights=None)
       -> (losses (3,), grad_cls [(B, C, H_i, W_i)], fg_rows (N, 2, 4R), fg_index (N,) int64, inv_s ())
       the same loss read from the Detect head's per-level maps (B, 4R+C, H_i, W_i) in place (anchors level
       by level, pixel h*W_i + w): grad_cls is the gradient of S*L_cls in the maps' layout, fg_rows those of
@@ -33,7 +33,8 @@ Ops (tensor shapes as in ``reference.py``):
       compact=False makes it static: N = B*A, row b*A + a, zero rows off the foreground (for tracing).
       target_scores may be (B, A) per anchor, as tal_assign.maps(dense_scores=False) gives them, with
       target_labels (B, A): the (B, A, C) targets are then one-hot of class min(max(label, 0), C - 1).
-      weights (3,) (per-anchor targets only): the gradient the caller will bring to the losses; grad_cls
+      weights (3,) (per-anchor targets only; finite, non-zero): the gradient the caller will bring to the
+      losses; grad_cls
       is then each map's whole final gradient (B, 4R+C, H_i, W_i) of weights . losses, which backward
       hands on as it is when that gradient arrives (once), and rescales otherwise.
   _bbox_loss_maps_scale(grad_cls, fg_rows, fg_index, c, reg_max) -> [(B, 4R+C, H_i, W_i)]
