@@ -438,6 +438,11 @@ at::Tensor aspect_atan(const at::Tensor& box) {
   return out;
 }
 
+// target_scores' shape: (B, A, C), or (B, A) per anchor (dense_scores = false, see run).
+std::vector<int64_t> score_sizes(int64_t B, int64_t A, int64_t C, bool dense_scores) {
+  return dense_scores ? std::vector<int64_t>{B, A, C} : std::vector<int64_t>{B, A};
+}
+
 // Everything after the score source: allocates the outputs in the compute type, runs assign, casts back.
 // make_scores(T) -> the score reader for compute type T; out_dtype: the dtype of target_scores.
 // dense_scores = false: target_scores is (B, A), each anchor's one non-zero score (0 off the foreground),
@@ -452,7 +457,7 @@ Outputs run(const MakeScores& make_scores, bool f64, int64_t B, int64_t A, int64
   auto opts = pbox.options();
   at::Tensor o_lab = at::empty({B, A}, opts.dtype(at::kLong));
   at::Tensor o_box = at::empty({B, A, 4}, opts.dtype(ct));
-  at::Tensor o_sc = dense_scores ? at::empty({B, A, C}, opts.dtype(ct)) : at::empty({B, A}, opts.dtype(ct));
+  at::Tensor o_sc = at::empty(score_sizes(B, A, C, dense_scores), opts.dtype(ct));
   at::Tensor o_fg = at::empty({B, A}, opts.dtype(at::kBool));
   at::Tensor o_idx = at::empty({B, A}, opts.dtype(at::kLong));
   const at::Tensor pd_atan = f64 ? aspect_atan<double>(pbox) : aspect_atan<float>(pbox);
@@ -473,7 +478,8 @@ Outputs no_gt_slots(int64_t B, int64_t A, int64_t C, const at::Tensor& gt_bboxes
                     bool dense_scores = true) {
   const auto opt = gt_bboxes.options();
   return {at::full({B, A}, C, opt.dtype(at::kLong)), at::zeros({B, A, 4}, opt),
-          dense_scores ? at::zeros({B, A, C}, opt.dtype(score_dtype)) : at::zeros({B, A}, opt.dtype(score_dtype)), at::zeros({B, A}, opt.dtype(at::kBool)),
+          at::zeros(score_sizes(B, A, C, dense_scores), opt.dtype(score_dtype)),
+          at::zeros({B, A}, opt.dtype(at::kBool)),
           at::zeros({B, A}, opt.dtype(at::kLong))};
 }
 
