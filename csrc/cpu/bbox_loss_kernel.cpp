@@ -307,8 +307,6 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor, at::Tens
 template <typename T>
 void scale_maps(const std::vector<at::Tensor>& gcls, const T* rows, const int64_t* index, int64_t nfg,
                 const T* c, int64_t R4, std::vector<at::Tensor>& out) {
-  using V = Vec<T>;
-  constexpr int64_t W = V::size();
   const int64_t L = static_cast<int64_t>(gcls.size()), B = gcls[0].size(0), C = gcls[0].size(1);
   const int64_t no = R4 + C;
   std::vector<int64_t> a0(L + 1, 0);
@@ -325,17 +323,11 @@ void scale_maps(const std::vector<at::Tensor>& gcls, const T* rows, const int64_
       const int64_t l = u / (B * no), b = (u / no) % B, ch = u % no;
       const int64_t hw = a0[l + 1] - a0[l];
       T* o = out[l].mutable_data_ptr<T>() + (b * no + ch) * hw;
-      int64_t j = 0;
       if (ch >= R4) {
-        const T* x = gcls[l].const_data_ptr<T>() + (b * C + ch - R4) * hw;
-        const V v1(c1);
-        for (; j + W <= hw; j += W) (V::loadu(x + j) * v1).store(o + j);
-        for (; j < hw; ++j) o[j] = x[j] * c1;
+        write_streamed<T>(o, hw, gcls[l].const_data_ptr<T>() + (b * C + ch - R4) * hw, c1);
         continue;
       }
-      const V vbg(bg);
-      for (; j + W <= hw; j += W) vbg.store(o + j);
-      for (; j < hw; ++j) o[j] = bg;
+      write_streamed<T>(o, hw, nullptr, bg);
       // This image and level's foreground rows: a contiguous run of the ascending index.
       const int64_t lo = b * A + a0[l], hi = lo + hw;
       const int64_t k0 = std::lower_bound(index, index + nfg, lo) - index;
@@ -345,6 +337,7 @@ void scale_maps(const std::vector<at::Tensor>& gcls, const T* rows, const int64_
         o[index[k] - lo] = r[ch] * c0 + r[R4 + ch] * c2;
       }
     }
+    stream_fence();
   });
 }
 
@@ -392,15 +385,12 @@ void scale_rows(const at::Tensor& gcls, const T* rows, const int64_t* index, int
   const T* pc = gcls.const_data_ptr<T>();
   T* od = gdist.mutable_data_ptr<T>();
   T* os = gscores.mutable_data_ptr<T>();
-  const V v0(c0), v1(c1), v2(c2), vbg(bg);
+  const V v0(c0), v2(c2);
   // ~150 floats an anchor: 2048 anchors (~1.2 MB written) a chunk.
   at::parallel_for(0, n_rows, 2048, [&](int64_t r0, int64_t r1) {
     note_thread();
     T* o = od + r0 * R4;
-    const int64_t nd = (r1 - r0) * R4;
-    int64_t j = 0;
-    for (; j + W <= nd; j += W) vbg.store(o + j);
-    for (; j < nd; ++j) o[j] = bg;
+    write_streamed<T>(o, (r1 - r0) * R4, nullptr, bg);
     const int64_t k0 = std::lower_bound(index, index + nfg, r0) - index;
     const int64_t k1 = std::lower_bound(index + k0, index + nfg, r1) - index;
     for (int64_t k = k0; k < k1; ++k) {
@@ -411,12 +401,8 @@ void scale_rows(const at::Tensor& gcls, const T* rows, const int64_t* index, int
       for (; i + W <= R4; i += W) (V::loadu(b + i) * v0 + V::loadu(d + i) * v2).store(y + i);
       for (; i < R4; ++i) y[i] = b[i] * c0 + d[i] * c2;
     }
-    const T* x = pc + r0 * C;
-    T* s = os + r0 * C;
-    const int64_t ns = (r1 - r0) * C;
-    j = 0;
-    for (; j + W <= ns; j += W) (V::loadu(x + j) * v1).store(s + j);
-    for (; j < ns; ++j) s[j] = x[j] * c1;
+    write_streamed<T>(os + r0 * C, (r1 - r0) * C, pc + r0 * C, c1);
+    stream_fence();
   });
 }
 
