@@ -82,6 +82,26 @@ def test_fg_extremes(lib, case):
         assert got[0][0] == 0 and got[0][2] == 0 and torch.all(got[1] == 0)
 
 
+def test_class_logits_across_the_exp_range(lib):
+    """The class loss's softplus and sigmoid of logits from -110 to 110: through the end of exp(-|x|)'s
+    float range (|x| ~ 86-104, where it is denormal or 0 and the fused exp stops at exp(-86)), around 0
+    (+-0, +-1e-3) and across the exp's range-reduction steps; with and without a target on each logit."""
+    pd, ps, anc, tb, ts, fg = make_inputs(2, 96, 37, 5, fg_frac=0.5)
+    edges = torch.tensor([0.0, -0.0, 1e-3, -1e-3, 0.3465, -0.3466, 20.0, -20.0, 85.9, -86.0, -86.1, 87.4,
+                          -87.4, 88.7, -88.8, 103.9, -104.0, 110.0, -110.0])
+    vals = torch.cat((edges, torch.linspace(-110, 110, ps.numel() - len(edges))))
+    ps = vals[torch.randperm(vals.numel(), generator=torch.Generator().manual_seed(0))].view_as(ps)
+    on = torch.rand(ts.shape, generator=torch.Generator().manual_seed(1)) < 0.3
+    ts = torch.where(on, 0.7, 0.0) * fg[..., None]
+    args = (pd, ps, anc, tb, ts, fg)
+    got, want = losses_and_grads(lib.bbox_loss, args), losses_and_grads(reference.bbox_loss_ref, args)
+    assert torch.isfinite(got[0]).all() and torch.isfinite(got[2]).all()
+    assert_matches(got, want)
+    # Without a target a logit's gradient is its sigmoid (times c1 / S): each to 1e-5 relative, down to
+    # the denormals (|x| > 86, where the fused exp keeps exp(-86) and the reference goes to 0).
+    torch.testing.assert_close(got[2][ts == 0], want[2][ts == 0], rtol=1e-5, atol=1e-35)
+
+
 def dfl_edge_inputs() -> tuple:
     """One image, 12 foreground anchors whose target distances sit exactly on bins (wl = 1, wr = 0), at 0,
     at/after reg_max - 1 (clamped to 14.99), negative (anchor outside its box) and far beyond."""
