@@ -124,7 +124,7 @@ void box_dfl_group(const LossLevel<T>& L, const LossTargets<T>& tg, int64_t b, c
     for (int j = 1; j < R; ++j) mx = at::vec::maximum(mx, V::loadu(zk + j * W));
     V sum(T(0));
     for (int j = 0; j < R; ++j) {
-      const V e = exp_le0<T>(V::loadu(zk + j * W) - mx);
+      const V e = exp_nonpositive<T>(V::loadu(zk + j * W) - mx);
       e.store(pk + j * W);
       sum = sum + e;
     }

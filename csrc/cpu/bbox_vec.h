@@ -34,16 +34,24 @@ inline Vec<int32_t> float_bits(const Vec<float>& v) {
 #endif
 }
 
-// exp(y) for y <= 0 (or NaN), in 12 vector operations where at::vec's exp_u20 takes ~21 (it also handles
-// y > 0, overflow and underflow to 0): the class loss takes one exp per logit (5.4M at b8/640), of
-// exp(-|x|). y is clamped to -86 (exp(-86) = 4.5e-38, the smallest value returned, so that 2^n below stays
-// a normal float: log1p and sigmoid of anything smaller are 0 to float precision anyway). n = round(y /
-// ln 2) comes from the low mantissa bits of y * log2(e) + 1.5 * 2^23 (the sum of the float rounds to an
-// integer there), which shifted left by 23 are the exponent bits of 2^n once 127 is added to the constant;
-// r = y - n ln 2 with ln 2 split in two (n ln2_hi is exact), in [-ln2/2, ln2/2]; exp(r) a degree-5 fit
-// 1 + r(c1 + r(c2 + ...)), minimax in relative error (Lawson's weighted least squares). Measured in float
-// against exp in double over 2.1M values of y in [-86, 0]: relative error <= 1.7e-7 (2.7 ulp).
-inline Vec<float> exp_nonpositive(const Vec<float>& y) {
+// exp(y) for y <= 0 (or NaN): every exp on the loss path is of -|x| (the class loss, one per logit: 5.4M
+// at b8/640) or of z - max(z) (the DFL softmax, the head decode). double: Sleef's exp (1 ulp), which
+// gradcheck's fp64 needs. float: 12 vector operations where at::vec's exp_u20 takes ~20 (it also handles
+// y > 0, overflow and underflow to 0). y is clamped to -86 (exp(-86) = 4.5e-38, the smallest value
+// returned, so that 2^n below stays a normal float: log1p and sigmoid of anything smaller are 0 to float
+// precision anyway). n = round(y / ln 2) comes from the low mantissa bits of y * log2(e) + 1.5 * 2^23 (the
+// sum rounds to an integer there), which shifted left by 23 are the exponent bits of 2^n once 127 is added
+// to the constant; r = y - n ln 2 with ln 2 split in two (n ln2_hi is exact), in [-ln2/2, ln2/2]; exp(r) a
+// degree-5 fit 1 + r(c1 + r(c2 + ...)), minimax in relative error (Lawson's weighted least squares).
+// Measured in float against exp in double over 2.1M values of y in [-86, 0]: relative error <= 1.7e-7
+// (2.7 ulp).
+template <typename T>
+inline Vec<T> exp_nonpositive(const Vec<T>& y) {
+  return y.exp();
+}
+
+template <>
+inline Vec<float> exp_nonpositive<float>(const Vec<float>& y) {
   using V = Vec<float>;
   const V magic(12582912.0f + 127.0f);                              // 1.5 * 2^23, + the exponent bias
   const V yc = at::vec::clamp_min(y, V(-86.0f));                     // NaN stays NaN
@@ -61,20 +69,10 @@ inline Vec<float> exp_nonpositive(const Vec<float>& y) {
   return p * two_n;
 }
 
-// exp(y) for y <= 0 in T: exp_nonpositive for float, Sleef's exp (1 ulp) for double (gradcheck's fp64).
-// The softmax of a side's bins takes it of z - max(z).
-template <typename T>
-inline Vec<T> exp_le0(const Vec<T>& y) {
-  if constexpr (std::is_same_v<T, float>)
-    return exp_nonpositive(y);
-  else
-    return y.exp();
-}
-
 // BCE-with-logits pieces of x: sp = max(x, 0) + log1p(exp(-|x|)) (the loss is sp - x*t) and
 // sig = sigmoid(x) (the gradient is sig - t), from one exp. The class loss runs this on every logit
 // (B*A*C, 5.4M at b8/640), so its cost is counted in instructions and divisions: on Zen 4 a vdivps ymm
-// occupies the divider ~5 cycles, and the whole vector's work is ~40 instructions.
+// occupies the divider ~5 cycles, and the class loop's whole work is 46 instructions a vector (AVX2).
 // float: log1p(e) for e = exp(-|x|) in (0, 1] as 2*atanh(s) = 2s * q(s^2), s = e / (2 + e) in (0, 1/3]:
 // q is a degree-4 minimax fit of atanh(s)/s on s^2 in [0, 1/9] (relative error 6.9e-8 evaluated in float,
 // the same as the Taylor series to s^13 it replaces, 7.4e-8, with 4 FMAs instead of 6), and full relative
@@ -88,7 +86,7 @@ inline void softplus_sigmoid(const Vec<T>& x, Vec<T>& sp, Vec<T>& sig) {
   const Vec<T> zero(T(0)), one(T(1)), two(T(2));
   const Vec<T> pos = x >= zero;  // false for NaN, so NaN reaches sp and sig via e
   if constexpr (std::is_same_v<T, float>) {
-    const Vec<T> e = exp_nonpositive(x | Vec<T>(T(-0.0)));  // exp(-|x|): the sign bit set, one OR
+    const Vec<T> e = exp_nonpositive<T>(x | Vec<T>(T(-0.0)));  // exp(-|x|): the sign bit set, one OR
     const Vec<T> num = Vec<T>::blendv(e, one, pos);
     const Vec<T> e1 = one + e, e2 = two + e;
     const Vec<T> r = one / (e1 * e2);
@@ -102,7 +100,7 @@ inline void softplus_sigmoid(const Vec<T>& x, Vec<T>& sp, Vec<T>& sig) {
     sp = at::vec::fmadd(s, q2, Vec<T>::blendv(zero, x, pos));  // max(x, 0) + log1p(e)
     sig = num * e2 * r;
   } else {
-    const Vec<T> e = (x | Vec<T>(T(-0.0))).exp();
+    const Vec<T> e = exp_nonpositive<T>(x | Vec<T>(T(-0.0)));
     const Vec<T> num = Vec<T>::blendv(e, one, pos);
     sp = at::vec::maximum(x, zero) + e.log1p();
     sig = num / (one + e);

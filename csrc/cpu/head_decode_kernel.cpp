@@ -60,7 +60,7 @@ void decode_block(const T* map, int64_t sb, int64_t sc, int64_t Wd, int64_t i0, 
     });
     for (int j = 0; j < R; ++j)
       rows([&](int64_t i, int cnt) {
-        const V e = exp_le0<T>(V::loadu(zk + j * sc + i, cnt) - V::loadu(mx + i, cnt));
+        const V e = exp_nonpositive<T>(V::loadu(zk + j * sc + i, cnt) - V::loadu(mx + i, cnt));
         (V::loadu(sum + i, cnt) + e).store(sum + i, cnt);
         at::vec::fmadd(e, V(T(j)), V::loadu(ex + i, cnt)).store(ex + i, cnt);
       });
