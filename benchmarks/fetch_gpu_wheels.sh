@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Downloads, on a machine with network, the one wheel that gpu_check.sh needs and the H200 image lacks:
-# Ultralytics, for issue 6's yolofast-vs-Ultralytics train step on the GPU (goal: >= 2x its images/s).
+# Ultralytics, for the yolofast-vs-Ultralytics train step on the GPU (goal: >= 2x its images/s).
 # The GPU machine has no network: the device tool carries .whl/ (run with carry [".whl"]), and
 # gpu_check.sh installs what it finds there into /tmp/site. Ultralytics is measured, never a dependency,
 # and none of its code is copied into this repository (.whl/ is git-ignored).

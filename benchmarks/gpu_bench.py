@@ -1,4 +1,4 @@
-"""GPU timing table of the hot ops: CUDA vs Triton vs the pure-PyTorch reference (issue 5, DESIGN §6-7).
+"""GPU timing table of the hot ops: CUDA vs Triton vs the pure-PyTorch reference (DESIGN §6-7).
 
     python3 benchmarks/gpu_bench.py                      # on a GPU: B=16/64, 640 px, 80 classes, 50/1000 GT
     python3 benchmarks/gpu_bench.py --dry-run            # anywhere: tiny shapes on the CPU (checks this file)
@@ -371,7 +371,7 @@ def render(rows, header: str) -> str:
 
 
 def goals(rows) -> list[str]:
-    """Issue 5's goals, judged on this table (only where both sides were measured)."""
+    """The GPU goals, judged on this table (only where both sides were measured)."""
     out = []
     for row in rows:
         if len(row) < 8 or row[4] is None or row[2] in ("ref", "foreach_lerp") or not row[7]:
@@ -439,7 +439,7 @@ def main(argv=None) -> int:
     text = render(rows, header_text(device, args.dry_run))
     g = goals(rows)
     if g:
-        head = "Issue 5 goals (>= 5x at B=64; the assigner at 1000 GT >= 50x faster and in less memory):"
+        head = "GPU goals (>= 5x at B=64; the assigner at 1000 GT >= 50x faster and in less memory):"
         text += "\n" + head + "\n" + "\n".join(g) + "\n"
     out = Path(args.out) if args.out else default_out()
     out.parent.mkdir(parents=True, exist_ok=True)

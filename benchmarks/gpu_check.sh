@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check of issue 5, in one script: within 8 minutes on one H200 with no network it
+# The GPU check, in one script: within 8 minutes on one H200 with no network it
 #   1. makes the checkout importable (editable install without deps, else a path shim; no venv needed),
 #   2. builds the C++ and CUDA extensions (nvcc; the build time is printed),
 #   3. runs every CUDA and Triton test of the ops (TRITON_INTERPRET=0: compiled Triton on the GPU),

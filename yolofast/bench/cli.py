@@ -4,7 +4,7 @@
     yolofast bench all --threads 2 --json run.json   # ops + train step, results with versions and commit
     yolofast bench step --preset step-yolov8n-320-b16  # the train step, and where its time goes
     yolofast bench ops --preset loss-b8-640-50gt --rounds 9
-    yolofast bench ops --device cuda                 # the GPU presets (issue 5 shapes)
+    yolofast bench ops --device cuda                 # the GPU presets (B=16/64, 640 px)
     yolofast bench --list                            # the presets
     yolofast bench --compare old.json new.json --threshold 0.1   # exit 1 on a regression
     yolofast bench --compare main.json branch.json --remeasure   # suspects measured again (this checkout)

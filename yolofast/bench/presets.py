@@ -1,4 +1,4 @@
-"""Named benchmark shapes: the CPU kernel goals of issue 4 / DESIGN §7 and the GPU shapes of issue 5.
+"""Named benchmark shapes: the CPU kernel goals (DESIGN §7) and the GPU shapes.
 
 A preset fixes everything that decides the work of one call (batch, image size, classes, GT per image,
 model), so two runs of the same preset on two commits time the same thing. ``yolofast bench``,
@@ -66,13 +66,13 @@ class Preset:
 
 
 _ALL = [
-    # --- CPU: the goals of issue 4 and DESIGN §7 ---------------------------------------------------------
+    # --- CPU: the kernel goals and DESIGN §7 -------------------------------------------------------------
     Preset("loss-b8-640-50gt", "loss", 8, 640, 80, 50, gate=True,
-           note="issue 4 goal: loss step >= 5x the reference"),
+           note="goal: loss step >= 5x the reference"),
     Preset("assign-dense-b2-640-1000gt", "assign", 2, 640, 80, 1000,
-           note="issue 4 goal: >= 20x faster, >= 20x less peak memory"),
+           note="goal: >= 20x faster, >= 20x less peak memory"),
     Preset("assign-dense-b1-1024-3000gt", "assign", 1, 1024, 80, 3000,
-           note="issue 4 goal: >= 20x faster, >= 20x less peak memory"),
+           note="goal: >= 20x faster, >= 20x less peak memory"),
     Preset("assign-dense-b1-1024-5000gt", "assign", 1, 1024, 80, 5000,
            note="DESIGN §7 shape; the reference needs ~10 GB here"),
     Preset("ema-yolov8s", "ema", model="yolov8s", gate=True,
@@ -86,13 +86,13 @@ _ALL = [
     Preset("tiny-loss", "loss", 2, 128, 4, 6, note="tests/smoke only"),
     Preset("tiny-ema", "ema", model="tiny", note="tests/smoke only: a 3-tensor state"),
     Preset("tiny-step", "step", 2, 64, 4, 3, model="yolov8n", note="tests/smoke only"),
-    # --- CUDA: issue 5 (B=16/64, 640 px, 80 classes, 50 and 1000 GT/img) and DESIGN §7 -------------------
+    # --- CUDA: B=16/64, 640 px, 80 classes, 50 and 1000 GT/img (DESIGN §7) --------------------------------
     Preset("gpu-loss-b16-640-50gt", "loss", 16, 640, 80, 50, device="cuda"),
     Preset("gpu-loss-b64-640-50gt", "loss", 64, 640, 80, 50, device="cuda",
-           note="issue 5 goal: each fused op >= 5x the reference"),
+           note="goal: each fused op >= 5x the reference"),
     Preset("gpu-loss-b16-640-1000gt", "loss", 16, 640, 80, 1000, device="cuda"),
     Preset("gpu-loss-b64-640-1000gt", "loss", 64, 640, 80, 1000, device="cuda",
-           note="issue 5 goal: assigner >= 50x faster and >= 50x less memory"),
+           note="goal: assigner >= 50x faster and >= 50x less memory"),
     Preset("gpu-ema-yolov8s", "ema", model="yolov8s", device="cuda"),
     Preset("gpu-step-yolov8n-640-b64", "step", 64, 640, 80, 8, model="yolov8n", device="cuda",
            note="DESIGN §7: images/s, backend ref vs auto"),
