@@ -124,6 +124,12 @@ struct Ciou {
 // torch's pow(tensor, scalar) takes exact shortcuts for these exponents (sqrt for 0.5, x*x for 2, ...);
 // using the same shortcut keeps align bit-identical to the reference for the default alpha = 0.5.
 template <typename T>
+inline bool pow_shortcut(T e) {
+  return e == T(0) || e == T(0.5) || e == T(2) || e == T(3) || e == T(1) || e == T(-0.5) || e == T(-1) ||
+         e == T(-2);
+}
+
+template <typename T>
 inline T pow_like_torch(T x, T e, T (*pow_fn)(T, T)) {
   if (e == T(0)) return T(1);
   if (e == T(0.5)) return std::sqrt(x);
@@ -134,6 +140,16 @@ inline T pow_like_torch(T x, T e, T (*pow_fn)(T, T)) {
   if (e == T(-1)) return T(1) / x;
   if (e == T(-2)) return T(1) / (x * x);
   return pow_fn(x, e);
+}
+
+// out[i] = pow_like_torch(x[i], e) for n values; pow_many is pow_fn over many values (MathFns).
+template <typename T>
+inline void pow_like_torch_many(const T* x, T e, T* out, int64_t n, T (*pow_fn)(T, T),
+                                void (*pow_many)(const T*, T, T*, int64_t)) {
+  if (pow_shortcut(e))
+    for (int64_t i = 0; i < n; ++i) out[i] = pow_like_torch(x[i], e, pow_fn);
+  else
+    pow_many(x, e, out, n);
 }
 
 // A rectilinear block of anchors: anchor (start + iy * w + ix) sits exactly at (xs[ix], ys[iy]), with xs and

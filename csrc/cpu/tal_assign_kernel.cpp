@@ -72,6 +72,7 @@ template <typename T>
 struct Params {
   T eps, ciou_eps, one_plus_ciou_eps, four_over_pi2, alpha, beta;
   T (*pow)(T, T);
+  void (*pow_many)(const T*, T, T*, int64_t);
   bool prune;  // beta > 0: align is 0 when overlap is 0 and grows with overlap, so bounds may skip work
 };
 
@@ -193,6 +194,7 @@ void assign(const Scores& score, int64_t B, int64_t A, int64_t C, const at::Tens
   P.beta = static_cast<T>(beta);
   P.prune = P.beta > T(0);
   P.pow = math_fns<T>().pow;
+  P.pow_many = math_fns<T>().pow_many;
   const T small_side = static_cast<T>(16.0);
   const bool score_le_one = Scores::kInUnitRange && P.alpha > T(0);
   const int64_t k = std::min<int64_t>(topk, A);
@@ -238,35 +240,50 @@ void assign(const Scores& score, int64_t B, int64_t A, int64_t C, const at::Tens
     const T* pa = pd_atan + b * A;
     Pick<T>* buf = picks.data() + i * k;
     int64_t n = 0;
-    auto visit = [&](int64_t a, const Ciou<T>& c) {
+    // A candidate is taken in two steps: prepare decides from its bounds whether it can enter the top-k and,
+    // if so, gives it its score term and overlap (pick.align = s_pow for now); commit raises a whole row of
+    // prepared overlaps to beta in one pow_many call and pushes them in anchor order. prepare reads the top-k
+    // as it stood before the row's commits, so it may prepare a candidate that the sequential order would
+    // have skipped; every skip is exact (the candidate's align is strictly below the k-th best), so commit's
+    // topk_push then rejects it: the same top-k as one candidate at a time.
+    auto prepare = [&](int64_t a, const Ciou<T>& c, Pick<T>& pick) -> bool {
       const T ub = c.upper();
       // ciou <= ub <= 0 -> overlap 0 -> align 0: never picked. Exact, so no tie can change. (A NaN ub is
       // not pruned: the reference's NaN align outranks everything and takes a top-k slot.)
-      if (P.prune && c.proper && ub <= T(0)) return;
+      if (P.prune && c.proper && ub <= T(0)) return false;
       // Scores in [0, 1] and alpha > 0 give s_pow <= 1: the bound below, without reading the score (for
       // logits a sigmoid, the largest share of a big GT's candidates once its top-k is full).
       if (score_le_one && P.prune && c.proper && n == k &&
           pow_upper(ub, P.beta) * T(1.0001) + std::numeric_limits<T>::min() < buf[k - 1].align)
-        return;
+        return false;
       const T s_pow = pow_like_torch(score(b, a, lab), P.alpha, P.pow);
       if (P.prune && c.proper && n == k) {
         // Strictly below the k-th best even at overlap = ub: skip the CIoU tail and the pow. A later anchor
         // loses ties, so "<" is all that needs excluding.
         const T bound = s_pow * pow_upper(ub, P.beta) * T(1.0001) + std::numeric_limits<T>::min();
-        if (bound < buf[k - 1].align) return;
+        if (bound < buf[k - 1].align) return false;
       }
-      Pick<T> p;
-      p.a = static_cast<int32_t>(a);
-      p.overlap = std::max(c.value(g, pa[a], P.one_plus_ciou_eps, P.four_over_pi2), T(0));  // keeps NaN
-      p.align = s_pow * pow_like_torch(p.overlap, P.beta, P.pow);
-      // align <= 0 is never selected; NaN outranks everything in the reference's sort, so it holds a
-      // top-k slot (and is dropped below).
-      if (p.align > T(0) || std::isnan(p.align)) topk_push(buf, n, k, p);
+      pick.a = static_cast<int32_t>(a);
+      pick.overlap = std::max(c.value(g, pa[a], P.one_plus_ciou_eps, P.four_over_pi2), T(0));  // keeps NaN
+      pick.align = s_pow;
+      return true;
     };
+    constexpr int64_t W = CiouLanes<T>::W;
+    auto commit = [&](Pick<T>* row, int64_t m) {
+      T ov[W], pw[W];
+      for (int64_t j = 0; j < m; ++j) ov[j] = row[j].overlap;
+      pow_like_torch_many(ov, P.beta, pw, m, P.pow, P.pow_many);
+      for (int64_t j = 0; j < m; ++j) {
+        row[j].align *= pw[j];  // s_pow * overlap^beta
+        // align <= 0 is never selected; NaN outranks everything in the reference's sort, so it holds a
+        // top-k slot (and is dropped below).
+        if (row[j].align > T(0) || std::isnan(row[j].align)) topk_push(buf, n, k, row[j]);
+      }
+    };
+    Pick<T> row[W];
     if (grid) {
       // A candidate row is consecutive anchors: their CIoU bounds are computed a vector at a time.
       CiouLanes<T> lanes;
-      constexpr int64_t W = CiouLanes<T>::W;
       for (size_t j = 0; j < n_blocks; ++j) {
         const int64_t* r = &rects[(i * n_blocks + j) * 4];
         const Block<T>& blk = blocks[j];
@@ -275,12 +292,16 @@ void assign(const Scores& score, int64_t B, int64_t A, int64_t C, const at::Tens
             const int64_t a0 = blk.start + iy * blk.w + ix;
             const int cnt = static_cast<int>(std::min<int64_t>(W, r[1] - ix));
             lanes.compute(g, pb + 4 * a0, cnt, P.ciou_eps);
-            for (int l = 0; l < cnt; ++l) visit(a0 + l, lanes.lane(g, l));
+            int64_t m = 0;
+            for (int l = 0; l < cnt; ++l) m += prepare(a0 + l, lanes.lane(g, l), row[m]);
+            if (m > 0) commit(row, m);
           }
       }
     } else {
       for (int64_t a = 0; a < A; ++a)
-        if (centre_inside(anc[2 * a], anc[2 * a + 1], e, P.eps)) visit(a, Ciou<T>(g, pb + 4 * a, P.ciou_eps));
+        if (centre_inside(anc[2 * a], anc[2 * a + 1], e, P.eps) &&
+            prepare(a, Ciou<T>(g, pb + 4 * a, P.ciou_eps), row[0]))
+          commit(row, 1);
     }
     int64_t kept = 0;  // drop the NaN placeholders, keep the order
     for (int64_t j = 0; j < n; ++j)

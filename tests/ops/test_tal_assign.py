@@ -12,6 +12,10 @@ Every output element is compared, so an element the kernel forgot to write fails
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -182,6 +186,50 @@ def test_topk_ties_go_to_lower_anchor_index(op):
     inside = (anc[:, 0] > 200) & (anc[:, 0] < 300) & (anc[:, 1] > 200) & (anc[:, 1] < 260)
     expected = inside.nonzero().squeeze(1)[:TOPK]
     assert out[3][0].nonzero().squeeze(1).tolist() == expected.tolist()
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float64))
+@pytest.mark.parametrize("topk", (1, 3, 10, 40))
+def test_topk_filling_inside_a_candidate_row(op, dtype, topk):
+    """The kernel prepares a whole row of candidates (one SIMD vector) against the top-k as it stood before
+    the row, then pushes them in anchor order: with a small k the top-k fills in the first lanes of a row
+    and later lanes, which one-at-a-time bounds would have skipped, must still be rejected, ties included.
+    One big GT, every prediction a jittered copy of it (high overlaps that all compete), a few exact copies
+    (tied aligns) and random scores."""
+    g = torch.Generator().manual_seed(11 + topk)
+    box = [100.0, 120.0, 500.0, 420.0]
+    scores, pd, anc, lab, gt, mask = _one_image([box], [2], dtype=dtype)
+    A = anc.shape[0]
+    pd = torch.tensor(box, dtype=dtype).expand(A, 4) + (torch.rand(A, 4, generator=g, dtype=dtype) - 0.5) * 40
+    exact = torch.rand(A, generator=g) < 0.1
+    pd = torch.where(exact[:, None], torch.tensor(box, dtype=dtype).expand(A, 4), pd)
+    scores = torch.rand(1, A, 4, generator=g, dtype=dtype) * 0.9 + 0.05
+    scores[0, exact] = 0.5
+    ref, out = check(op, (scores, pd[None], anc, lab, gt, mask), topk=topk)
+    assert int(out[3].sum()) == topk
+
+
+def test_every_pow_variant_agrees_lane_for_lane(op):
+    """The kernel raises a row of overlaps to beta with one call of a SLEEF vector pow (pow_many) and must
+    get what one value at a time gives. It probes every variant this CPU can run (also the 8-lane AVX2 ones
+    on an AVX-512 CPU, which it would not pick there) and says so under YOLOFAST_TAL_DEBUG: in a fresh
+    process, since the probe runs once per process."""
+    here = str(Path(__file__).parent)
+    code = (
+        f"import sys, torch; sys.path.insert(0, {here!r})\n"
+        "import test_tal_assign as t\n"
+        "op = t._load_op()\n"
+        "for dt in (torch.float32, torch.float64):\n"
+        "    t.check(op, t.random_scene(3, B=1, M=20, dtype=dt))\n"
+    )
+    env = {**os.environ, "YOLOFAST_TAL_DEBUG": "1"}
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    lines = [s for s in res.stderr.splitlines() if "candidate" in s]
+    if not lines:
+        pytest.skip("no SLEEF variant on this platform: pow comes from libm, one value at a time")
+    assert all("pow_many differs from pow in 0/" in s for s in lines), "\n".join(lines)
+    assert {"float32", "float64"} <= {s.split("(")[1].split(")")[0] for s in lines}
 
 
 def test_identical_gts_tie_to_lowest_index(op):
