@@ -75,41 +75,33 @@ __attribute__((target("avx2"))) inline double pow_d4(double x, double e) {
   return _mm256_cvtsd_f64(f(_mm256_set1_pd(x), _mm256_set1_pd(e)));
 }
 
-// The same SLEEF functions over n values, a vector at a time; the lanes past n compute pow(1, e) and are
-// dropped (each lane's result depends on its own input only).
-__attribute__((target("avx512f"))) inline void pow_f16_many(const float* x, float e, float* out, int64_t n) {
+// One vector of the same SLEEF functions: r[l] = pow(in[l], e) for every lane of the 64-byte aligned in/r.
+__attribute__((target("avx512f"))) inline void pow_f16_vec(const float* in, float e, float* r) {
   auto f = reinterpret_cast<__m512 (*)(__m512, __m512)>(slot(kPowF16));
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);
-    const __m512 r = f(_mm512_mask_loadu_ps(_mm512_set1_ps(1.0f), m, x + i), _mm512_set1_ps(e));
-    _mm512_mask_storeu_ps(out + i, m, r);
-  }
+  _mm512_store_ps(r, f(_mm512_load_ps(in), _mm512_set1_ps(e)));
 }
-__attribute__((target("avx2"))) inline void pow_f8_many(const float* x, float e, float* out, int64_t n) {
+__attribute__((target("avx2"))) inline void pow_f8_vec(const float* in, float e, float* r) {
   auto f = reinterpret_cast<__m256 (*)(__m256, __m256)>(slot(kPowF8));
-  alignas(32) float in[8], r[8];
-  for (int64_t i = 0; i < n; i += 8) {
-    const int64_t c = std::min<int64_t>(8, n - i);
-    for (int64_t l = 0; l < 8; ++l) in[l] = l < c ? x[i + l] : 1.0f;
-    _mm256_store_ps(r, f(_mm256_load_ps(in), _mm256_set1_ps(e)));
-    for (int64_t l = 0; l < c; ++l) out[i + l] = r[l];
-  }
+  _mm256_store_ps(r, f(_mm256_load_ps(in), _mm256_set1_ps(e)));
 }
-__attribute__((target("avx512f"))) inline void pow_d8_many(const double* x, double e, double* out, int64_t n) {
+__attribute__((target("avx512f"))) inline void pow_d8_vec(const double* in, double e, double* r) {
   auto f = reinterpret_cast<__m512d (*)(__m512d, __m512d)>(slot(kPowD8));
-  for (int64_t i = 0; i < n; i += 8) {
-    const __mmask8 m = n - i >= 8 ? __mmask8(0xFF) : __mmask8((1u << (n - i)) - 1);
-    const __m512d r = f(_mm512_mask_loadu_pd(_mm512_set1_pd(1.0), m, x + i), _mm512_set1_pd(e));
-    _mm512_mask_storeu_pd(out + i, m, r);
-  }
+  _mm512_store_pd(r, f(_mm512_load_pd(in), _mm512_set1_pd(e)));
 }
-__attribute__((target("avx2"))) inline void pow_d4_many(const double* x, double e, double* out, int64_t n) {
+__attribute__((target("avx2"))) inline void pow_d4_vec(const double* in, double e, double* r) {
   auto f = reinterpret_cast<__m256d (*)(__m256d, __m256d)>(slot(kPowD4));
-  alignas(32) double in[4], r[4];
-  for (int64_t i = 0; i < n; i += 4) {
-    const int64_t c = std::min<int64_t>(4, n - i);
-    for (int64_t l = 0; l < 4; ++l) in[l] = l < c ? x[i + l] : 1.0;
-    _mm256_store_pd(r, f(_mm256_load_pd(in), _mm256_set1_pd(e)));
+  _mm256_store_pd(r, f(_mm256_load_pd(in), _mm256_set1_pd(e)));
+}
+
+// n values, L lanes at a time through one of the above; the lanes past n compute pow(1, e) and are dropped
+// (each lane's result depends on its own input only).
+template <typename T, int L, void (*PowVec)(const T*, T, T*)>
+void pow_many_by(const T* x, T e, T* out, int64_t n) {
+  alignas(64) T in[L], r[L];
+  for (int64_t i = 0; i < n; i += L) {
+    const int64_t c = std::min<int64_t>(L, n - i);
+    for (int64_t l = 0; l < L; ++l) in[l] = l < c ? x[i + l] : T(1);
+    PowVec(in, e, r);
     for (int64_t l = 0; l < c; ++l) out[i + l] = r[l];
   }
 }
@@ -175,12 +167,13 @@ const MathFns<T>& math_fns() {
       PowMany pow_many;
     };
     std::vector<Cand> cands;
+    using detail::pow_many_by;
     if constexpr (sizeof(T) == 4)
-      cands = {{"sleef_f16", detail::kPowF16, &detail::pow_f16, &detail::pow_f16_many},
-               {"sleef_f8", detail::kPowF8, &detail::pow_f8, &detail::pow_f8_many}};
+      cands = {{"sleef_f16", detail::kPowF16, &detail::pow_f16, &pow_many_by<float, 16, detail::pow_f16_vec>},
+               {"sleef_f8", detail::kPowF8, &detail::pow_f8, &pow_many_by<float, 8, detail::pow_f8_vec>}};
     else
-      cands = {{"sleef_d8", detail::kPowD8, &detail::pow_d8, &detail::pow_d8_many},
-               {"sleef_d4", detail::kPowD4, &detail::pow_d4, &detail::pow_d4_many}};
+      cands = {{"sleef_d8", detail::kPowD8, &detail::pow_d8, &pow_many_by<double, 8, detail::pow_d8_vec>},
+               {"sleef_d4", detail::kPowD4, &detail::pow_d4, &pow_many_by<double, 4, detail::pow_d4_vec>}};
     at::NoGradGuard no_grad;
     const std::vector<T> x = detail::probe_values<T>();
     const auto dtype = sizeof(T) == 4 ? at::kFloat : at::kDouble;
