@@ -123,33 +123,31 @@ struct Ciou {
 
 // torch's pow(tensor, scalar) takes exact shortcuts for these exponents (sqrt for 0.5, x*x for 2, ...);
 // using the same shortcut keeps align bit-identical to the reference for the default alpha = 0.5.
+// True, with out = x^e, when e is one of them; the one list both pow_like_torch and its many-value form use.
 template <typename T>
-inline bool pow_shortcut(T e) {
-  return e == T(0) || e == T(0.5) || e == T(2) || e == T(3) || e == T(1) || e == T(-0.5) || e == T(-1) ||
-         e == T(-2);
+inline bool pow_shortcut(T x, T e, T& out) {
+  if (e == T(0)) return out = T(1), true;
+  if (e == T(0.5)) return out = std::sqrt(x), true;
+  if (e == T(2)) return out = x * x, true;
+  if (e == T(3)) return out = x * x * x, true;
+  if (e == T(1)) return out = x, true;
+  if (e == T(-0.5)) return out = T(1) / std::sqrt(x), true;
+  if (e == T(-1)) return out = T(1) / x, true;
+  if (e == T(-2)) return out = T(1) / (x * x), true;
+  return false;
 }
 
 template <typename T>
 inline T pow_like_torch(T x, T e, T (*pow_fn)(T, T)) {
-  if (e == T(0)) return T(1);
-  if (e == T(0.5)) return std::sqrt(x);
-  if (e == T(2)) return x * x;
-  if (e == T(3)) return x * x * x;
-  if (e == T(1)) return x;
-  if (e == T(-0.5)) return T(1) / std::sqrt(x);
-  if (e == T(-1)) return T(1) / x;
-  if (e == T(-2)) return T(1) / (x * x);
-  return pow_fn(x, e);
+  T out;
+  return pow_shortcut(x, e, out) ? out : pow_fn(x, e);
 }
 
-// out[i] = pow_like_torch(x[i], e) for n values; pow_many is pow_fn over many values (MathFns).
+// out[i] = pow_like_torch(x[i], e) for n >= 1 values; pow_many is pow_fn over many values (MathFns).
 template <typename T>
-inline void pow_like_torch_many(const T* x, T e, T* out, int64_t n, T (*pow_fn)(T, T),
-                                void (*pow_many)(const T*, T, T*, int64_t)) {
-  if (pow_shortcut(e))
-    for (int64_t i = 0; i < n; ++i) out[i] = pow_like_torch(x[i], e, pow_fn);
-  else
-    pow_many(x, e, out, n);
+inline void pow_like_torch_many(const T* x, T e, T* out, int64_t n, void (*pow_many)(const T*, T, T*, int64_t)) {
+  if (!pow_shortcut(x[0], e, out[0])) return pow_many(x, e, out, n);
+  for (int64_t i = 1; i < n; ++i) pow_shortcut(x[i], e, out[i]);
 }
 
 // A rectilinear block of anchors: anchor (start + iy * w + ix) sits exactly at (xs[ix], ys[iy]), with xs and

@@ -272,7 +272,7 @@ void assign(const Scores& score, int64_t B, int64_t A, int64_t C, const at::Tens
     auto commit = [&](Pick<T>* row, int64_t m) {
       T ov[W], pw[W];
       for (int64_t j = 0; j < m; ++j) ov[j] = row[j].overlap;
-      pow_like_torch_many(ov, P.beta, pw, m, P.pow, P.pow_many);
+      pow_like_torch_many(ov, P.beta, pw, m, P.pow_many);
       for (int64_t j = 0; j < m; ++j) {
         row[j].align *= pw[j];  // s_pow * overlap^beta
         // align <= 0 is never selected; NaN outranks everything in the reference's sort, so it holds a
