@@ -2,8 +2,9 @@
 
 Config structure (the Ultralytics yaml layout): ``nc``, ``scales`` {letter: [depth, width, max_channels]},
 optional ``scale`` (a key of ``scales``) or explicit ``depth_multiple``/``width_multiple``/``max_channels``,
-optional ``reg_max`` (16; YOLO26: 1), ``end2end`` (YOLO26: one-to-one head branches) and ``ch`` (3), then ``backbone`` and ``head``: lists of
-``[from, repeats, module, args]`` rows; ``from`` is -1 (previous layer), a layer index or a list of them.
+optional ``reg_max`` (16; YOLO26: 1), ``end2end`` (YOLO26: one-to-one head branches) and ``ch`` (3), then
+``backbone`` and ``head``: lists of ``[from, repeats, module, args]`` rows; ``from`` is -1 (previous
+layer), a layer index or a list of them.
 Channel args are scaled as ``ceil(min(c, max_channels) * width / 8) * 8``, repeats > 1 as
 ``max(round(n * depth), 1)``.
 """
