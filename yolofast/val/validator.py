@@ -14,7 +14,7 @@ from tqdm import tqdm
 from yolofast.boxes import xywh2xyxy
 from yolofast.val.coco_json import CocoJson
 from yolofast.val.metrics import IOU_THRESHOLDS, APResult, ap_per_class, check_convention, match_predictions
-from yolofast.val.nms import non_max_suppression
+from yolofast.val.nms import non_max_suppression, topk_filter
 from yolofast.val.results import DetMetrics
 
 LOSS_KEYS = ("val/box_loss", "val/cls_loss", "val/dfl_loss")
@@ -74,8 +74,10 @@ class Validator:
         map_convention: str = "coco",
         save_json=None,
         coco_json: str | None = None,
+        nms: bool | None = None,
     ):
         self.dataloader = dataloader
+        self.nms = nms  # False: an end2end (YOLO26) model's one-to-one top-k instead of NMS
         self.save_json, self.coco_json = save_json, coco_json
         self.names = dict(enumerate(names)) if isinstance(names, (list, tuple)) else dict(names)
         self.conf = 0.001 if conf is None else conf  # None: Ultralytics' val default
@@ -136,16 +138,20 @@ class Validator:
             if border:
                 img = torch.nn.functional.pad(img, (border,) * 4, value=114 / 255)
             t1 = clock()
+            nms_free = self.nms is False and getattr(model, "end2end", False)
             with self._autocast():
-                feats = model.forward_feats(img)
+                feats, o2o = model.forward_heads(img) if nms_free else (model.forward_feats(img), None)
             feats = [f.float() for f in feats]  # loss and box decoding in fp32 (pixel coords up to 640+)
             t2 = clock()
             if self.loss is not None:
                 items = self.loss(feats, self._targets_to_device(batch))[1]
                 loss_sum += items.detach().float().to(self.device)
             t3 = clock()
-            dets = non_max_suppression(model.decode(feats), self.conf, self.iou, self.max_det,
-                                       multi_label=self.map_convention == "ultralytics")
+            if nms_free:
+                dets = topk_filter(model.decode_one2one(o2o, self.max_det), self.conf, self.max_det)
+            else:
+                dets = non_max_suppression(model.decode(feats), self.conf, self.iou, self.max_det,
+                                           multi_label=self.map_convention == "ultralytics")
             h, w = img.shape[2] - 2 * border, img.shape[3] - 2 * border
             for d, rp, ori in zip(dets, batch.get("ratio_pad") or [None] * len(dets), batch["ori_shape"]):
                 if self.map_convention == "ultralytics":  # clipped to the image, as Ultralytics clips
@@ -294,6 +300,7 @@ def validate(
     save_json: bool | str = False,
     single_cls: bool = False,
     quantize=None,
+    nms: bool | None = None,
 ) -> DetMetrics:
     """Validate a model or checkpoint on the ``val`` split of a data yaml (``yolofast val``).
 
@@ -303,6 +310,8 @@ def validate(
     save_json: True (``runs/detect/val*/predictions.json``) or a path: COCO results JSON, evaluated by
     pycocotools when the data yaml has ``coco_json``. single_cls: every label is class 0 (a one-class model).
     quantize: 16 / "fp16" runs under autocast (as ``half=True``), 32 / "fp32" in fp32.
+    nms: None (default) NMS on the one-to-many head; False: a YOLO26 model's one-to-one top-k, no NMS.
+    max_det: left at 300, it is raised to the largest number of labels in one image when that is larger.
     """
     from yolofast.cfg import quantize_half
 
@@ -326,6 +335,7 @@ def validate(
     rect = rect or map_convention == "ultralytics"
     dataset = build_dataset(info["val"], imgsz=imgsz, augment=False, stride=stride, prefix="val: ",
                             nc=label_nc, single_cls=single_cls, rect=rect, batch_size=batch, pad=0.5)
+    max_det = raise_max_det(max_det, dataset.labels)
     if save_json is True:
         from yolofast.engine.trainer import increment_path
 
@@ -344,6 +354,20 @@ def validate(
         map_convention=map_convention,
         save_json=save_json or None,
         coco_json=info.get("coco_json"),
+        nms=nms,
     )
     values = validator(model)
     return DetMetrics(values, validator.result, int(info["nc"]), validator.speed)
+
+
+def raise_max_det(max_det: int, *label_lists) -> int:
+    """``max_det`` at its default 300 is raised to the largest label count of one image (a warning says
+    so), as Ultralytics 8.4 does, so that crowded images can reach full recall; other values are kept."""
+    most = max((len(lb["cls"]) for labels in label_lists for lb in labels), default=0)
+    if max_det == 300 and most > max_det:
+        import logging
+
+        logging.getLogger("yolofast").warning(f"max_det=300 but an image has {most} labels; using "
+                                              f"max_det={most}")
+        return most
+    return max_det
