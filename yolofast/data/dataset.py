@@ -534,7 +534,7 @@ class YOLODataset(Dataset):
             if cutmix_p > 0 and rng.random() < cutmix_p:
                 _, img2, _, boxes2, cls2 = self._train_sample(int(rng.integers(len(self))))
                 img, boxes, cls = A.cutmix(img, boxes, cls, img2, boxes2, cls2, rng)
-            img = A.augment_hsv(img, rng, hyp["hsv_h"], hyp["hsv_s"], hyp["hsv_v"])
+            img = A.augment_hsv(img, rng, hyp["hsv_h"], hyp["hsv_s"], hyp["hsv_v"], to_rgb=True)  # RGB on
             if rng.random() < hyp["flipud"]:
                 img, boxes = A.flip_ud(img, boxes)
             if rng.random() < hyp["fliplr"]:
@@ -557,9 +557,12 @@ class YOLODataset(Dataset):
         boxes[:, 1::2] = boxes[:, 1::2].clip(0, h)
         xywh = np.stack([(boxes[:, 0] + boxes[:, 2]) / (2 * w), (boxes[:, 1] + boxes[:, 3]) / (2 * h),
                          (boxes[:, 2] - boxes[:, 0]) / w, (boxes[:, 3] - boxes[:, 1]) / h], 1)
-        img = np.ascontiguousarray(img[..., ::-1].transpose(2, 0, 1))  # BGR HWC -> RGB CHW
+        if self.augment:  # RGB HWC; (3, h, w) is a view: the layout change is the device's (preprocess_batch)
+            img = torch.from_numpy(img).permute(2, 0, 1)
+        else:  # BGR HWC -> RGB CHW
+            img = torch.from_numpy(np.ascontiguousarray(img[..., ::-1].transpose(2, 0, 1)))
         return {
-            "img": torch.from_numpy(img),
+            "img": img,
             "cls": torch.from_numpy(cls.reshape(-1, 1).astype(np.float32)),
             "bboxes": torch.from_numpy(xywh.astype(np.float32)),
             "im_file": self.im_files[index],
