@@ -122,8 +122,9 @@ def plot_confusion_matrix(cm: ConfusionMatrix, names: dict, path, normalize: boo
     cmap = matplotlib.colormaps["Blues"].with_extremes(bad="white")  # zero cells stay blank
     im = ax.imshow(masked, cmap=cmap, vmin=0, vmax=1 if normalize else max(m.max(), 1), aspect="equal")
     fig.colorbar(im, ax=ax, shrink=0.8)
-    fs = 10 if n <= 30 else max(4.5, 10 - n / 14)
-    ax.set_xticks(range(n), labels, rotation=90, fontsize=fs)
+    fs = 10 if n <= 30 else max(5.5, 10 - n / 14)  # 81 labels: 5.5 pt in ~11 pt per tick
+    upright = n <= 12 and max(map(len, labels)) <= 10
+    ax.set_xticks(range(n), labels, rotation=0 if upright else 90, fontsize=fs)
     ax.set_yticks(range(n), labels, fontsize=fs)
     ax.tick_params(length=0)
     if n <= 30:  # numbers in the cells only while they fit
@@ -135,31 +136,34 @@ def plot_confusion_matrix(cm: ConfusionMatrix, names: dict, path, normalize: boo
     ax.set_xlabel("True")
     ax.set_ylabel("Predicted")
     title = "Confusion Matrix" + (" Normalized (columns sum to 1)" if normalize else "")
-    ax.set_title(f"{title}\nconf >= {cm.conf:g}, IoU >= {cm.iou:g}; diagonal = true positives")
+    ax.set_title(f"{title}\nconf ≥ {cm.conf:g}, IoU ≥ {cm.iou:g}; diagonal = true positives")
     fig.savefig(path, dpi=150 if n <= 30 else 120)
     return Path(path)
 
 
 # ----------------------------------------------------------------------------------- curves
 def _class_lines(ax, x, ys, classes, names, values, fmt):
+    """One line per class with its value in the legend; with more than 20 classes thin grey lines, and
+    only the 5 lowest values in colour and in the legend (the classes to look at first)."""
     few = len(classes) <= _MAX_LEGEND
-    for y, c, v in zip(ys, classes, values):
-        if few:
-            ax.plot(x, y, linewidth=1, label=f"{_name(names, c)} {v:{fmt}}")
-        else:
-            ax.plot(x, y, linewidth=0.6, color="grey", alpha=0.5)
     if not few:
-        ax.plot([], [], linewidth=0.6, color="grey", label=f"{len(classes)} classes, one line each")
+        for y in ys:
+            ax.plot(x, y, linewidth=0.6, color="grey", alpha=0.4)
+        ax.plot([], [], linewidth=0.6, color="grey", label=f"{len(classes)} classes, one line each; lowest:")
+    show = range(len(classes)) if few else np.argsort(values, kind="stable")[:5]
+    for i in show:
+        ax.plot(x, ys[i], linewidth=1 if few else 1.5, label=f"{_name(names, classes[i])} {values[i]:{fmt}}")
 
 
-def _finish_axes(ax, xlabel, ylabel, title):
+def _finish_axes(ax, xlabel, ylabel, title, legend_title=None):
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1.02)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(bbox_to_anchor=(1.02, 1), loc="upper left", fontsize=8, frameon=False)
+    ax.legend(bbox_to_anchor=(1.02, 1), loc="upper left", fontsize=8, frameon=False, title=legend_title,
+              title_fontsize=8, alignment="left")
 
 
 def plot_pr_curve(r: APResult, names: dict, path) -> Path:
@@ -168,7 +172,8 @@ def plot_pr_curve(r: APResult, names: dict, path) -> Path:
     _class_lines(ax, REC_THRESHOLDS, r.pr_curve, r.classes, names, r.ap50, ".3f")
     ax.plot(REC_THRESHOLDS, r.pr_curve.mean(0), linewidth=3, color="blue",
             label=f"all classes {r.map50:.3f} mAP@0.5")
-    _finish_axes(ax, "Recall", "Precision", f"Precision-Recall Curve (IoU 0.5; area = AP50, {r.convention})")
+    _finish_axes(ax, "Recall", "Precision", "Precision-Recall Curve (IoU 0.5)",
+                 f"AP50 = area under each curve ({r.convention})")
     fig.savefig(path, dpi=200)
     return Path(path)
 
@@ -186,8 +191,10 @@ def plot_conf_curve(r: APResult, names: dict, path, kind: str) -> Path:
         mean = ys.mean(0)
         label = f"all classes {at.mean():.2f} at {r.conf_thr:.3f} (reported)"
     ax.plot(r.px, mean, linewidth=3, color="blue", label=label)
-    ax.axvline(r.conf_thr, color="black", linestyle=":", linewidth=1, label="conf of the reported P, R")
-    _finish_axes(ax, "Confidence", kind, f"{kind}-Confidence Curve (IoU 0.5)")
+    ax.axvline(r.conf_thr, color="black", linestyle=":", linewidth=1,
+               label="where the reported P, R are read")
+    _finish_axes(ax, "Confidence", kind, f"{kind}-Confidence Curve (IoU 0.5)",
+                 f"{kind} at conf {r.conf_thr:.3f}")
     fig.savefig(path, dpi=200)
     return Path(path)
 
@@ -288,16 +295,23 @@ def plot_images(images, boxes: list, names: dict, path, files=None, max_images: 
             (ww, hh), _ = cv2.getTextSize(text, 0, fs, 1)
             ty = p1[1] - 2 if p1[1] - hh - 3 >= 0 else p1[1] + hh + 2
             cv2.rectangle(tile, (p1[0], ty - hh - 1), (p1[0] + ww, ty + 2), color, -1)
-            cv2.putText(tile, text, (p1[0], ty), 0, fs, (255, 255, 255), 1, cv2.LINE_AA)
-        if files is not None and k < len(files):
-            cv2.putText(tile, Path(str(files[k])).name[:40], (3, th - 5), 0, fs, (255, 255, 255), 2,
-                        cv2.LINE_AA)
-            cv2.putText(tile, Path(str(files[k])).name[:40], (3, th - 5), 0, fs, (0, 0, 0), 1, cv2.LINE_AA)
+            cv2.putText(tile, text, (p1[0], ty), 0, fs, _ink(color), 1, cv2.LINE_AA)
+        if files is not None and k < len(files):  # black on a white strip: readable on any image
+            text = Path(str(files[k])).name[:40]
+            (ww, hh), _ = cv2.getTextSize(text, 0, fs, 1)
+            cv2.rectangle(tile, (0, th - hh - 6), (ww + 5, th), (255, 255, 255), -1)
+            cv2.putText(tile, text, (2, th - 4), 0, fs, (0, 0, 0), 1, cv2.LINE_AA)
         cv2.rectangle(tile, (0, 0), (tw - 1, th - 1), (255, 255, 255), 1)
         grid[y0:y0 + th, x0:x0 + tw] = tile
     if not cv2.imwrite(str(path), grid, [cv2.IMWRITE_JPEG_QUALITY, 90]):
         raise OSError(f"could not write '{path}'")
     return Path(path)
+
+
+def _ink(bgr) -> tuple:
+    """Black text on light label colours (lime, cyan, yellow), white on dark ones."""
+    b, g, r = bgr
+    return (0, 0, 0) if 0.299 * r + 0.587 * g + 0.114 * b > 150 else (255, 255, 255)
 
 
 def batch_boxes(batch: dict, h: int, w: int, n: int) -> list:
