@@ -55,20 +55,6 @@ def tal_assign_maps(
     foreground), of class ``target_labels.clamp(max=nc - 1)``: the (B, A, nc) tensor is that one-hot, and
     ``bbox_loss_maps(..., target_labels=...)`` takes it as it is (the C++ backend never writes the zeros).
     """
-    name = backend_name("tal_assign", feats[0].device.type)
-    if name == "cpp":
-        from yolofast.ops import _library
-
-        return _library.tal_assign_maps(feats, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk,
-                                        alpha, beta, eps, reg_max, dense_scores)
-    from yolofast.ops.bbox_loss import maps_to_rows
-
-    with torch.no_grad():
-        pd_scores = maps_to_rows([f.detach() for f in feats], reg_max)[1].sigmoid()
-    out = implementation("tal_assign", name)(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt,
-                                             topk, alpha, beta, eps)
-    if dense_scores:
-        return out
-    labels, boxes, scores, fg, gt_idx = out
-    # One non-zero per row: the row's sum is that score exactly.
-    return labels, boxes, scores.sum(-1), fg, gt_idx
+    impl = implementation("tal_assign.maps", backend_name("tal_assign", feats[0].device.type))
+    return impl(feats, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, alpha, beta, eps, reg_max,
+                dense_scores)
