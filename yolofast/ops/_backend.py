@@ -49,6 +49,9 @@ _COMPILED = {
     ("head_decode", "cpp"): "head_decode",
     ("head_decode.boxes", "cpp"): "head_decode_boxes",
 }
+# Compiled forms that read the head's maps with DFL bins: reg_max >= 2 only; a reg_max 1 head (YOLO26: raw
+# distances) gets the composed form on the same backend.
+_DFL_ONLY = frozenset({"tal_assign.maps", "bbox_loss.maps", "head_decode", "head_decode.boxes"})
 # Ops with a reference in reference.py (<op>_ref) and a Triton kernel (yolofast.kernels.<op>); head_decode
 # has neither: off the CPU kernel it is torch ops (_composed.head_decode) on every backend.
 _REFERENCE_OPS = ("tal_assign", "bbox_loss", "ema_update")
@@ -159,16 +162,19 @@ def backend_name(op: str, device_type: str) -> str:
     return name
 
 
-def implementation(op: str, name: str) -> Callable:
+def implementation(op: str, name: str, reg_max: int | None = None) -> Callable:
     """The function that runs ``op`` (an op or a variant) on backend ``name`` (as ``backend_name`` of the
     op returns it), with the signature of ``reference.<op>_ref`` (ops) or of the public variant's
     wrapper: ``_library``'s compiled callable (cpp, cuda), ``reference.<op>_ref`` (ref),
-    ``yolofast.kernels.<op>.<op>`` (triton), or else ``_composed``'s form over the op on that backend."""
+    ``yolofast.kernels.<op>.<op>`` (triton), or else ``_composed``'s form over the op on that backend.
+    ``reg_max``: the head's bins per side, for the forms that read the maps (the compiled ones take >= 2)."""
     base = VARIANTS.get(op, op)
     if base not in OPS or name not in BACKENDS:
         raise ValueError(f"implementation: no op {op!r} on backend {name!r}; ops {OPS} and their variants "
                          f"{tuple(VARIANTS)}, backends {BACKENDS}")
     compiled = _COMPILED.get((op, name))
+    if compiled is not None and op in _DFL_ONLY and reg_max is not None and int(reg_max) < 2:
+        compiled = None
     if compiled is not None:
         from yolofast.ops import _library
 

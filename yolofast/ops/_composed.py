@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from yolofast.boxes import make_anchors
+from yolofast.ops.reference import bbox_decode
 
 
 def maps_to_rows(feats, reg_max: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
@@ -39,11 +40,13 @@ def dense_target_scores(scores: torch.Tensor, labels: torch.Tensor, nc: int) -> 
 
 
 def tal_assign_maps(tal_assign, feats, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk=10,
-                    alpha=0.5, beta=6.0, eps=1e-9, reg_max=16, dense_scores=True):
-    """``tal_assign.maps`` as ``tal_assign`` of the sigmoid of the cat-ed class logits."""
+                    alpha=0.5, beta=6.0, eps=1e-9, reg_max=16, dense_scores=True, **extra):
+    """``tal_assign.maps`` as ``tal_assign`` of the sigmoid of the cat-ed class logits (``extra``, e.g.
+    topk2, passed on)."""
     with torch.no_grad():
         pd_scores = maps_to_rows([f.detach() for f in feats], reg_max)[1].sigmoid()
-    out = tal_assign(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, alpha, beta, eps)
+    out = tal_assign(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, alpha, beta, eps,
+                     **extra)
     if dense_scores:
         return out
     labels, boxes, scores, fg, gt_idx = out
@@ -52,12 +55,13 @@ def tal_assign_maps(tal_assign, feats, pd_bboxes, anc_points, gt_labels, gt_bbox
 
 
 def bbox_loss_maps(bbox_loss, feats, anchor_points, target_bboxes, target_scores, fg_mask, reg_max=16,
-                   target_labels=None, weights=None):
-    """``bbox_loss.maps`` as ``bbox_loss`` of the cat-ed maps (weights only steer the C++ kernel's layout)."""
+                   target_labels=None, weights=None, **extra):
+    """``bbox_loss.maps`` as ``bbox_loss`` of the cat-ed maps (weights only steer the C++ kernel's layout;
+    ``extra``, the reg_max 1 geometry, passed on)."""
     if target_scores.dim() == 2:
         target_scores = dense_target_scores(target_scores, target_labels, feats[0].shape[1] - 4 * reg_max)
     pred_dist, pred_scores = maps_to_rows(feats, reg_max)
-    return bbox_loss(pred_dist, pred_scores, anchor_points, target_bboxes, target_scores, fg_mask)
+    return bbox_loss(pred_dist, pred_scores, anchor_points, target_bboxes, target_scores, fg_mask, **extra)
 
 
 def ema_update_multi(ema_update, name, ema, model, decay) -> None:
@@ -81,6 +85,9 @@ def _decode(feats, strides, reg_max: int, scores: bool):
     feats = [f.detach().to(dt) for f in feats]
     pred_dist, pred_scores = maps_to_rows(feats, reg_max)
     anchor_points, stride_tensor = make_anchors(feats, strides, 0.5)
+    if reg_max == 1:  # YOLO11_YOLO26.md §3.4: the box in grid units, then x stride (the loss's own order)
+        boxes = bbox_decode(pred_dist, anchor_points) * stride_tensor
+        return (pred_scores.sigmoid() if scores else None), boxes
     prob = pred_dist.unflatten(-1, (4, reg_max)).softmax(-1)
     bins = torch.arange(reg_max, dtype=prob.dtype, device=prob.device)
     # A matmul with the bin values, not (prob * bins).sum(-1): that materialises a (B, A, 4, R) product
