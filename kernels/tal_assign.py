@@ -30,8 +30,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from yolofast.kernels import _common
-from yolofast.ops.reference import SMALL_GT_SIDE
+from . import _common
+from ._constants import CIOU_EPS, FOUR_OVER_PI2, SMALL_GT_SIDE
 
 L_MAX = 8  # pyramid levels the grid table holds (YOLOv8 uses 3); more -> the all-anchor scan
 BLOCK_SCAN = 2048 if _common.INTERPRET else 128  # anchors per tile of a GT's rectangle
@@ -39,8 +39,8 @@ BLOCK_A = 512 if _common.INTERPRET else 128  # anchors per program of the per-an
 # classes per step of the target_scores write: 128 x 32 values per step keeps a GPU program at 32 per thread
 WRITE_BLOCK_C = 128 if _common.INTERPRET else 32
 BLOCK_GRID = 1024
-_CIOU_EPS = tl.constexpr(1e-7)
-_K = tl.constexpr(4.0 / 3.141592653589793**2)
+_CIOU_EPS = tl.constexpr(CIOU_EPS)
+_K = tl.constexpr(FOUR_OVER_PI2)
 _SIDE = tl.constexpr(SMALL_GT_SIDE)
 _HALF_SIDE = tl.constexpr(SMALL_GT_SIDE / 2)
 # Reductions in the hot loop call tl.reduce with Triton's own combine functions: the interpreter maps
