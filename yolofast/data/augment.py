@@ -14,11 +14,12 @@ import numpy as np
 PAD = 114  # grey fill of letterbox/mosaic/affine borders (Ultralytics value)
 
 
-def resize_long_side(img: np.ndarray, imgsz: int, augment: bool) -> np.ndarray:
-    """Resize so the long side is imgsz, keeping the aspect ratio."""
-    h0, w0 = img.shape[:2]
+def resize_long_side(img: np.ndarray, imgsz: int, augment: bool, hw0=None) -> np.ndarray:
+    """Resize so the long side is imgsz, keeping the aspect ratio of ``hw0`` (the original (h, w) of an
+    image decoded at reduced scale; default: img's own shape)."""
+    h0, w0 = hw0 if hw0 is not None else img.shape[:2]
     r = imgsz / max(h0, w0)
-    if r == 1:
+    if r == 1 and img.shape[:2] == (h0, w0):
         return img
     # INTER_AREA when shrinking for eval gives cleaner pixels; training uses the cheaper INTER_LINEAR.
     interp = cv2.INTER_LINEAR if (augment or r > 1) else cv2.INTER_AREA
