@@ -43,7 +43,13 @@ def pad_targets(batch_idx, cls, bboxes, batch_size: int, bucket: int = 16):
 
 def collate_fn(batch: list[dict]) -> dict:
     """Stack dataset samples into the batch dict of the data contract (see yolofast/data/__init__.py)."""
-    imgs = torch.stack([b["img"] for b in batch])
+    imgs = [b["img"] for b in batch]
+    if all(im.dim() == 3 and im.stride() == (1, 3 * im.shape[2], 3) and im.shape == imgs[0].shape
+           for im in imgs):
+        # training samples are HWC views: stack the HWC memory (one memcpy each) -> (B, 3, H, W) channels-last
+        imgs = torch.stack([im.permute(1, 2, 0) for im in imgs]).permute(0, 3, 1, 2)
+    else:
+        imgs = torch.stack(imgs)
     cls = torch.cat([b["cls"] for b in batch])
     bboxes = torch.cat([b["bboxes"] for b in batch])
     batch_idx = torch.cat([torch.full((len(b["cls"]),), i, dtype=torch.float32) for i, b in enumerate(batch)])

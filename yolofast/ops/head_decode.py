@@ -23,7 +23,10 @@ def head_decode(feats, strides, reg_max: int = 16, scores: bool = True):
         raise ValueError(
             f"head_decode: {len(feats)} maps but {len(strides)} strides; pass one stride per map"
         )
-    if backend_name("bbox_loss", feats[0].device.type) == "cpp":
+    # reg_max 1 (raw distances) runs where bbox_loss's rule sends it: the C++ decode is DFL-only today.
+    from yolofast.ops.bbox_loss import reg_max_backend
+
+    if reg_max_backend(backend_name("bbox_loss", feats[0].device.type), reg_max) == "cpp":
         from yolofast.ops import _library
 
         if not scores:
@@ -36,6 +39,11 @@ def head_decode(feats, strides, reg_max: int = 16, scores: bool = True):
     feats = [f.detach().to(dt) for f in feats]
     pred_dist, pred_scores = maps_to_rows(feats, reg_max)
     anchor_points, stride_tensor = make_anchors(feats, strides, 0.5)
+    if reg_max == 1:  # YOLO11_YOLO26.md §3.4: the box in grid units, then x stride (the loss's own order)
+        from yolofast.ops.reference import bbox_decode
+
+        boxes = bbox_decode(pred_dist, anchor_points) * stride_tensor
+        return (pred_scores.sigmoid() if scores else None), boxes
     prob = pred_dist.unflatten(-1, (4, reg_max)).softmax(-1)
     bins = torch.arange(reg_max, dtype=prob.dtype, device=prob.device)
     # A matmul with the bin values, not (prob * bins).sum(-1): that materialises a (B, A, 4, R) product
