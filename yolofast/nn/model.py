@@ -169,7 +169,7 @@ class DetectionModel(nn.Module):
         is made on first use as ``self.criterion``; a YOLO26 run drives its epoch with
         ``self.criterion.set_epoch(epoch, epochs)``.
         """
-        from yolofast.loss import criterion_for  # the loss sits above the model: imported when used
+        from yolofast.loss import criterion_for  # lazy: the criterion is built on the first loss call
 
         if getattr(self, "criterion", None) is None:
             self.criterion = criterion_for(self)
