@@ -175,6 +175,29 @@ class DetectionModel(nn.Module):
         """Raw maps -> (B, 4 + nc, A): xywh pixels + sigmoid scores (what eval-mode forward returns)."""
         return self.head.decode(feats)
 
+    def loss(self, batch: dict, preds=None):
+        """Ultralytics' ``model.loss``: (loss vector (3,) x batch size, differentiable; items (3,) detached).
+
+        batch: Ultralytics' dict (``img``, ``batch_idx``, ``cls``, ``bboxes`` normalised xywh). preds: the
+        train-mode head output; None runs the model on ``batch["img"]`` (in eval mode: the raw maps of
+        every branch). The criterion (``yolofast.loss.criterion_for``: YOLO26's end-to-end one, else v8's)
+        is made on first use as ``self.criterion``; a YOLO26 run drives its epoch with
+        ``self.criterion.set_epoch(epoch, epochs)``.
+        """
+        from yolofast.loss import criterion_for  # lazy: the criterion is built on the first loss call
+
+        if getattr(self, "criterion", None) is None:
+            self.criterion = criterion_for(self)
+        if preds is None:
+            if self.training:
+                preds = self.forward(batch["img"])
+            else:
+                xs = self._neck(batch["img"])
+                preds = self.head.forward_feats(xs)
+                if self.end2end:
+                    preds = {"one2many": preds, "one2one": self.head.forward_feats_one2one(xs)}
+        return self.criterion.vector(preds, batch)
+
     def fuse(self) -> DetectionModel:
         """Fold every BatchNorm into its conv (for inference; the BN layers become Identity)."""
         for m in self.modules():

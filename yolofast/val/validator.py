@@ -57,6 +57,8 @@ class Validator:
     ``coco_json`` (COCO annotations of these images) pycocotools evaluates it, and its mAP50-95 / mAP50
     replace the metrics (as Ultralytics does), with all 12 COCO stats under ``coco/stats``.
     ``validator(model)`` returns the dict of common.md; the last result is also kept in ``self.result``.
+    plot_dir: a folder: write the pictures there (confusion matrices, PR/F1/P/R curves, val_batch images;
+    ``yolofast/val/plots.py``); their paths are kept in ``self.plot_files``. None (default): no pictures.
     """
 
     def __init__(
@@ -74,9 +76,11 @@ class Validator:
         map_convention: str = "coco",
         save_json=None,
         coco_json: str | None = None,
+        plot_dir=None,
         nms: bool | None = None,
     ):
         self.dataloader = dataloader
+        self.plot_dir, self.plot_files = plot_dir, {}
         self.nms = nms  # False: an end2end (YOLO26) model's one-to-one top-k instead of NMS
         self.save_json, self.coco_json = save_json, coco_json
         self.names = dict(enumerate(names)) if isinstance(names, (list, tuple)) else dict(names)
@@ -124,6 +128,7 @@ class Validator:
         clock = time.perf_counter
         self.images_per_class: dict[int, int] = {}
         jdict = CocoJson(self.names, self.coco_json) if self.save_json else None
+        plots = self._plots_start()
         bar = tqdm(
             self.dataloader,
             desc=f"{'':>22}{'Images':>11}{'Instances':>11}{'P':>11}{'R':>11}{'mAP50':>11}{'mAP50-95':>11}",
@@ -162,6 +167,8 @@ class Validator:
                 for d, f, ori, rp in zip(dets, batch["im_file"], batch["ori_shape"], batch["ratio_pad"]):
                     jdict.add(d, f, ori, rp)  # (ultralytics: the border is already taken off above)
             self._update_stats(stats, dets, batch, h, w)
+            if plots is not None:
+                plots.add_batch(n_batches - 1, batch, dets, h, w)
             for k, dt in zip(self.speed, (t1 - t0, t2 - t1, t3 - t2, clock() - t3)):
                 self.speed[k] += dt
         bar.close()
@@ -174,6 +181,8 @@ class Validator:
             cat["target_cls"] = []
         self.result = ap_per_class(cat["tp"], cat["conf"], cat["pred_cls"], cat["target_cls"],
                                    convention=self.map_convention)
+        if plots is not None:
+            self.plot_files = plots.finish(self.result)
         out = self.result.results_dict()
         if jdict is not None:
             out.update(self._coco_eval(jdict))
@@ -183,6 +192,15 @@ class Validator:
         if self.verbose:
             self.print_results()
         return out
+
+    def _plots_start(self):
+        """The picture collector of this run (``val/plots.py``), or None without ``plot_dir``."""
+        self.plot_files = {}
+        if self.plot_dir is None:
+            return None
+        from yolofast.val.plots import ValPlots
+
+        return ValPlots(self.plot_dir, self.names, conf=self.conf, convention=self.map_convention)
 
     def _coco_eval(self, jdict) -> dict:
         path = jdict.save(self.save_json)
@@ -300,6 +318,7 @@ def validate(
     save_json: bool | str = False,
     single_cls: bool = False,
     quantize=None,
+    plots: bool = False,
     nms: bool | None = None,
 ) -> DetMetrics:
     """Validate a model or checkpoint on the ``val`` split of a data yaml (``yolofast val``).
@@ -310,6 +329,8 @@ def validate(
     save_json: True (``runs/detect/val*/predictions.json``) or a path: COCO results JSON, evaluated by
     pycocotools when the data yaml has ``coco_json``. single_cls: every label is class 0 (a one-class model).
     quantize: 16 / "fp16" runs under autocast (as ``half=True``), 32 / "fp32" in fp32.
+    plots: write the pictures (``yolofast/val/plots.py``) beside ``save_json``'s file, else into
+    ``runs/detect/val*`` (``yolofast val`` does by default).
     nms: None (default) NMS on the one-to-many head; False: a YOLO26 model's one-to-one top-k, no NMS.
     max_det: left at 300, it is raised to the largest number of labels in one image when that is larger.
     """
@@ -354,10 +375,22 @@ def validate(
         map_convention=map_convention,
         save_json=save_json or None,
         coco_json=info.get("coco_json"),
+        plot_dir=_plot_dir(save_json) if plots else None,
         nms=nms,
     )
     values = validator(model)
+    if validator.plot_files and verbose:
+        print(f"Plots saved to {validator.plot_dir}")
     return DetMetrics(values, validator.result, int(info["nc"]), validator.speed)
+
+
+def _plot_dir(save_json) -> Path:
+    """validate(plots=True): beside the predictions JSON, or a new runs/detect/val* folder."""
+    if save_json:
+        return Path(save_json).parent
+    from yolofast.engine.trainer import increment_path
+
+    return increment_path(Path("runs/detect/val"))
 
 
 def raise_max_det(max_det: int, *label_lists) -> int:
