@@ -110,3 +110,20 @@ def test_own_checkpoint_roundtrip(tmp_path, name):
     m.eval()
     with torch.no_grad():
         torch.testing.assert_close(ck["ema"](x), m(x), rtol=0, atol=0)
+
+
+def test_pretrained_into_a_yaml_model_takes_the_source_width(tmp_path):
+    """pretrained=path into a yaml-built model: its class branches are rebuilt at the file's width."""
+    from yolofast.engine.checkpoint import save_checkpoint
+    from yolofast.io.transfer import load_weights
+
+    torch.manual_seed(0)
+    src = build_model("yolo26n", nc=80)
+    save_checkpoint({"model": src, "ema": src, "epoch": 0}, tmp_path / "coco.pt")
+    m = build_model("yolo26n", nc=3)
+    load_weights(m, tmp_path / "coco.pt", ["a", "b", "c"], log=lambda s: None)
+    assert m.head.cv3[0][2].weight.shape == (3, 80, 1, 1) and m.yaml["head_cls_width"] == 80
+    o2o, o2o_src = m.head.one2one_cv3, src.head.one2one_cv3
+    torch.testing.assert_close(o2o[1][0][0].conv.weight, o2o_src[1][0][0].conv.weight)
+    assert m.head.cv3[0][2].bias[0].item() == pytest.approx(torch.log(torch.tensor(5 / 3 / 80 ** 2)).item())
+    assert build_model(m.yaml, nc=3).head.cv3[0][2].in_channels == 80

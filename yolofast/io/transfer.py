@@ -83,11 +83,28 @@ def load_weights(model: nn.Module, path, names, remap: bool = True, log=print,
     """``path``'s weights into ``model`` (``pretrained=path``, or ``model=path.pt``), class rows carried
     over by name (``remap``, Ultralytics' ``cls_remap``) or by index; logs what was transferred."""
     src = src or read_weights(path, "pretrained")
+    _match_class_width(model, src["state_dict"])
     names = dict(enumerate(names)) if isinstance(names, (list, tuple)) else dict(names)
     names = {int(k): str(v) for k, v in names.items()}
     n = transfer_weights(model, src["state_dict"], src["names"], names, remap=remap)
     log(f"Transferred {n['tensors']}/{n['total']} tensors, {n['rows']}/{n['classes']} class rows "
         f"from {path} ({src['source']} {src['arch']}, {src['nc']} classes)")
+
+
+def _match_class_width(model: nn.Module, sd: dict) -> None:
+    """Rebuild ``model``'s class branches at the width of ``sd``'s when the head inputs agree but the
+    widths do not (a yaml-built nc=3 yolo26n has 64, weights fine-tuned from COCO have 80)."""
+    head = getattr(model, "head", None)
+    w = next((v for k, v in sd.items() if k.endswith(".cv3.0.2.weight")), None)
+    box = next((v for k, v in sd.items() if k.endswith(".cv2.0.0.conv.weight")), None)
+    if head is None or w is None or box is None or not hasattr(head, "rebuild_class_branches"):
+        return
+    own = head.cv3[0][2].weight
+    if int(w.shape[1]) == own.shape[1] or int(box.shape[1]) != head.cv2[0][0].conv.in_channels:
+        return
+    head.rebuild_class_branches(int(w.shape[1]))
+    if isinstance(getattr(model, "yaml", None), dict):
+        model.yaml["head_cls_width"] = int(w.shape[1])  # so that its checkpoints rebuild the same model
 
 
 def model_from_weights(path, nc: int, names, log=print, load: bool = True, remap: bool = True) -> nn.Module:

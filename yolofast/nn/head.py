@@ -94,6 +94,16 @@ class Detect(nn.Module):
                 box[-1].bias.fill_(2.0)
                 cls[-1].bias.fill_(math.log(5 / self.nc / (640 / s) ** 2))
 
+    def rebuild_class_branches(self, c3: int) -> None:
+        """New class branches of width ``c3`` (both sets when end2end), freshly initialised: fine-tuning
+        from a checkpoint whose class branch is ``c3`` wide keeps that width (Ultralytics 8.4)."""
+        ref = self.cv2[0][2].weight
+        ch = [branch[0].conv.in_channels for branch in self.cv2]
+        self.cv3 = nn.ModuleList(class_branch(x, c3, self.nc, self.legacy) for x in ch).to(ref.device)
+        if self.end2end:
+            self.one2one_cv3 = copy.deepcopy(self.cv3)
+        self.bias_init()
+
     def forward_feats(self, xs):
         """nl neck maps -> nl raw one-to-many maps (B, 4*reg_max + nc, H_i, W_i), box channels first."""
         return [torch.cat((self.cv2[i](xs[i]), self.cv3[i](xs[i])), 1) for i in range(self.nl)]

@@ -238,7 +238,9 @@ def _gflops(model: DetectionModel, imgsz: int) -> float:
     was_training = model.training
     try:
         model.eval()  # eval: BN running stats must not move
-        model.forward_feats(torch.zeros(1, model.yaml.get("ch", 3), s, s, device=p.device, dtype=p.dtype))
+        x = torch.zeros(1, model.yaml.get("ch", 3), s, s, device=p.device, dtype=p.dtype)
+        # an end2end model counts both head branch sets, as an unfused one runs both (Ultralytics too)
+        model.forward_heads(x) if model.end2end else model.forward_feats(x)
     finally:
         model.train(was_training)
         for h in handles:
