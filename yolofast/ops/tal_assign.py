@@ -87,10 +87,9 @@ def tal_assign_maps(
 
         return _library.tal_assign_maps(feats, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk,
                                         alpha, beta, eps, reg_max, dense_scores)
-    from yolofast.ops.bbox_loss import maps_to_rows
-
-    with torch.no_grad():
-        pd_scores = maps_to_rows([f.detach() for f in feats], reg_max)[1].sigmoid()
+    with torch.no_grad():  # the class channels alone, (B, A, nc)
+        logits = [f.detach().flatten(2)[:, 4 * reg_max:].transpose(1, 2) for f in feats]
+        pd_scores = torch.cat(logits, 1).sigmoid()
     extra = {"topk2": int(topk2)} if _second_topk_on(topk, topk2) else {}
     out = implementation("tal_assign", name)(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt,
                                              topk, alpha, beta, eps, **extra)
