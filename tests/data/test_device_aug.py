@@ -75,3 +75,25 @@ def test_loader_sends_plans_and_the_device_renders_the_cpu_batch(tmp_path, split
     with pytest.raises(ValueError, match="cutmix=0.3 needs the CPU path"):
         build_dataset(src, imgsz=64, nc=2, augment_device="cpu", hyp=dict(cutmix=0.3))
     assert build_dataset(src, imgsz=64, nc=2, augment=False, augment_device="cpu").augment_device is None
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_render_and_nvjpeg(coco128_yaml):
+    """On the GPU: the CPU path's pixels and boxes (CPU-decoded tiles), and nvJPEG-decoded plans render."""
+    from yolofast.data import check_data
+
+    d = check_data(coco128_yaml)
+    ds = build_dataset(d["train"], imgsz=160, nc=d["nc"], batch_size=2, fraction=24)
+    ds.reseed(7)
+    cpu = [ds[i] for i in range(8)]
+    ds.reseed(7)
+    plans = [plan_sample(ds, i, "cpu") for i in range(8)]
+    out = apply_plans(plans, "cuda").cpu()
+    for k, c in enumerate(cpu):
+        assert (out[k].float() - c["img"].float()).abs().mean() < 0.5
+        torch.testing.assert_close(plans[k]["bboxes"], c["bboxes"], atol=1e-4, rtol=0)
+    ds.reseed(7)
+    gpu = apply_plans([plan_sample(ds, i, "device") for i in range(8)], "cuda")
+    assert gpu.is_cuda and gpu.shape == (8, 3, 160, 160)
+    assert (gpu.cpu().float() - out.float()).abs().mean() < 6  # nvJPEG + bilinear resize vs OpenCV's
