@@ -518,9 +518,8 @@ class YOLODataset(Dataset):
             parts = [self._load(index)]  # first: a freshly decoded image joins the buffer it draws from
             parts += [self._load(j) for j in self._mosaic_companions(rng)]
             index, ori = parts[0][0], parts[0][2]
-            img, boxes, cls = A.mosaic4([p[1] for p in parts], [p[3] for p in parts], [p[4] for p in parts],
-                                        s, rng)
-            img, boxes, cls = A.random_affine(img, boxes, cls, rng, border=-(s // 2), **aff)
+            img, boxes, cls = A.mosaic_affine([p[1] for p in parts], [p[3] for p in parts],
+                                              [p[4] for p in parts], s, rng, **aff)
         else:
             shape = self._shape(index)
             index, img, ori, boxes, cls = self._load(index)
