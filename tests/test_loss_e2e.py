@@ -229,3 +229,16 @@ def test_class_weights_reach_both_branches():
     _, weighted = crit(_rand_preds(), _rand_batch())
     assert torch.equal(weighted[[0, 2]], plain[[0, 2]]) and not torch.allclose(weighted[1], plain[1])
     assert crit.one2many.class_weights is not None and crit.one2one.class_weights is not None
+
+
+def test_autocast_bf16_computes_in_fp32():
+    """Under AMP the head gives bf16 maps; the criterion upcasts them and computes in fp32: the same values
+    as the fp32 computation on the bf16-rounded maps."""
+    preds = {br: [f.detach().to(torch.bfloat16) for f in fs] for br, fs in _rand_preds().items()}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        total, items = E2EDetectionLoss(NC)(preds, _rand_batch())
+    up = {br: [f.float() for f in fs] for br, fs in preds.items()}
+    ref_total, ref_items = E2EDetectionLoss(NC)(up, _rand_batch())
+    assert total.dtype == items.dtype == torch.float32
+    torch.testing.assert_close(items, ref_items, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(total, ref_total, rtol=1e-6, atol=1e-7)

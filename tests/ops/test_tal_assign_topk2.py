@@ -47,7 +47,7 @@ def _triton():
 def _emu():
     if shutil.which(os.environ.get("CXX", "c++")) is None:
         pytest.skip("no C++ compiler for the CUDA emulation")
-    from test_cuda import build_emulation
+    from cuda_emulation import build_emulation
 
     import yolofast.ops._library  # noqa: F401 - yolofast's own schemas first
 

@@ -135,6 +135,52 @@ def _endless(loader):
         epoch += 1
 
 
+def device_table(train, nc, imgsz: int, batch: int, device: str, rounds: int = 5) -> list[str]:
+    """augment_device on ``device``: agreement with the CPU path (same draws), plans per CPU second (the
+    loader's share: file reads and draws), and the device's rendering rate (nvJPEG decode on CUDA)."""
+    import torch
+
+    from yolofast.data import build_dataset
+    from yolofast.data.device_aug import apply_plans, plan_sample
+
+    ds = build_dataset(train, imgsz=imgsz, augment=True, nc=nc, batch_size=batch, prefix="device: ")
+    n = min(batch, len(ds))
+    ds.reseed(0)
+    cpu = [ds[i] for i in range(n)]
+    ds.reseed(0)
+    plans = [plan_sample(ds, i, "cpu") for i in range(n)]
+    out = apply_plans(plans, device).cpu()
+    diff = torch.stack([(out[k].float() - cpu[k]["img"].float()).abs().mean() for k in range(n)])
+    box = max(float((p["bboxes"] - c["bboxes"]).abs().max()) if len(c["bboxes"]) else 0.0
+              for p, c in zip(plans, cpu))
+    dec = "device" if device.startswith("cuda") else "cpu"
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    t0 = time.process_time()
+    plans = [plan_sample(ds, i % len(ds), dec) for i in range(4 * batch)]
+    plan_rate = len(plans) / max(time.process_time() - t0, 1e-9)
+    t0 = time.process_time()
+    for i in range(2 * batch):
+        ds[i % len(ds)]
+    cpu_rate = 2 * batch / max(time.process_time() - t0, 1e-9)
+    render = []
+    for _ in range(rounds):
+        sync()
+        t0 = time.perf_counter()
+        for k in range(0, len(plans), batch):
+            apply_plans(plans[k:k + batch], device)
+        sync()
+        render.append(len(plans) / (time.perf_counter() - t0))
+    name = torch.cuda.get_device_name(device) if device.startswith("cuda") else cpu_name()
+    return [f"| augment_device={device} ({name}), imgsz {imgsz}, batch {batch} | |",
+            "| --- | --- |",
+            f"| pixels vs the CPU path, mean abs diff per image (max over {n}) | {float(diff.max()):.3f} |",
+            f"| boxes vs the CPU path, max abs diff | {box:.2e} |",
+            f"| CPU path: samples per CPU second (1 thread) | {cpu_rate:.1f} |",
+            f"| device path: plans per CPU second ({dec} decode) | {plan_rate:.1f} |",
+            f"| device path: images rendered per second on the device (median of {rounds}) | "
+            f"{statistics.median(render):.0f} |"]
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="yolofast bench data", description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", required=True, help="data yaml (its train split is read)")
@@ -146,6 +192,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-ultralytics", action="store_true", help="time yolofast only")
     ap.add_argument("--workers", type=int, default=8,
                     help="loader workers of the GPU run the feed rate is quoted for (default 8)")
+    ap.add_argument("--device", default="",
+                    help="also time augment_device on this device (cuda:0: nvJPEG decode + batched ops)")
     ap.add_argument("--loader", type=int, default=0, metavar="W",
                     help="also time the DataLoader (batches/s, wall clock) at workers=0 against workers=W")
     return ap
@@ -174,6 +222,8 @@ def bench_data_main(argv: list[str]) -> int:
     _print_table(rates, args, data)
     if args.loader:
         _loader_table(args, train, data)
+    if args.device:
+        print("\n" + "\n".join(device_table(train, data["nc"], args.imgsz, args.batch, args.device)))
     return 0
 
 

@@ -54,7 +54,13 @@ def _worker_shared(shape, dtype):
 
 
 def collate_fn(batch: list[dict]) -> dict:
-    """Stack dataset samples into the batch dict of the data contract (see yolofast/data/__init__.py)."""
+    """Stack dataset samples into the batch dict of the data contract (see yolofast/data/__init__.py).
+    Plans of augment_device samples go into "plans" instead of "img" (preprocess_batch renders them)."""
+    if "plans" in batch[0] or "tiles" in batch[0]:
+        out = _targets(batch)
+        out["plans"] = [{k: b[k] for k in ("tiles", "canvas", "M", "out", "hsv", "flipud", "fliplr")}
+                        for b in batch]
+        return out
     imgs = [b["img"] for b in batch]
     if all(im.dim() == 3 and im.stride() == (1, 3 * im.shape[2], 3) and im.shape == imgs[0].shape
            for im in imgs):
@@ -64,12 +70,15 @@ def collate_fn(batch: list[dict]) -> dict:
         imgs = torch.stack(hwc, out=out).permute(0, 3, 1, 2)
     else:
         imgs = torch.stack(imgs, out=_worker_shared((len(imgs), *imgs[0].shape), imgs[0].dtype))
+    return {"img": imgs, **_targets(batch)}
+
+
+def _targets(batch: list[dict]) -> dict:
     cls = torch.cat([b["cls"] for b in batch])
     bboxes = torch.cat([b["bboxes"] for b in batch])
     batch_idx = torch.cat([torch.full((len(b["cls"]),), i, dtype=torch.float32) for i, b in enumerate(batch)])
     gt_cls, gt_bboxes, gt_mask = pad_targets(batch_idx, cls, bboxes, len(batch))
     out = {
-        "img": imgs,
         "batch_idx": batch_idx,
         "cls": cls,
         "bboxes": bboxes,

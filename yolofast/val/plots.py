@@ -160,7 +160,8 @@ def _class_lines(ax, x, ys, classes, names, values, fmt):
         ax.plot([], [], linewidth=0.6, color="grey", label=f"{len(classes)} classes, one line each; lowest:")
     show = range(len(classes)) if few else np.argsort(values, kind="stable")[:5]
     for i in show:
-        ax.plot(x, ys[i], linewidth=1 if few else 1.5, label=f"{_name(names, classes[i])} {values[i]:{fmt}}")
+        ax.plot(x, ys[i], linewidth=1 if few else 1.5, color=_rgb(classes[i]),  # as in the images
+                label=f"{_name(names, classes[i])} {values[i]:{fmt}}")
 
 
 def _finish_axes(ax, xlabel, ylabel, title, legend_title=None, empty=False):
@@ -181,7 +182,7 @@ def plot_pr_curve(r: APResult, names: dict, path) -> Path:
     fig = _figure((9, 6))
     ax = fig.subplots()
     _class_lines(ax, REC_THRESHOLDS, r.pr_curve, r.classes, names, r.ap50, ".3f")
-    ax.plot(REC_THRESHOLDS, r.pr_curve.mean(0), linewidth=3, color="blue",
+    ax.plot(REC_THRESHOLDS, r.pr_curve.mean(0), linewidth=3, color="black",  # no class colour is black
             label=f"all classes {r.map50:.3f} mAP@0.5")
     _finish_axes(ax, "Recall", "Precision", "Precision-Recall Curve (IoU 0.5)",
                  f"AP50 = area under each curve ({r.convention})", empty=not r.pr_curve.any())
@@ -201,7 +202,7 @@ def plot_conf_curve(r: APResult, names: dict, path, kind: str) -> Path:
     else:
         mean = ys.mean(0)
         label = f"all classes {at.mean():.2f} at {r.conf_thr:.3f} (reported)"
-    ax.plot(r.px, mean, linewidth=3, color="blue", label=label)
+    ax.plot(r.px, mean, linewidth=3, color="black", label=label)  # no class colour is black
     ax.axvline(r.conf_thr, color="black", linestyle=":", linewidth=1,
                label="where the reported P, R are read")
     _finish_axes(ax, "Confidence", kind, f"{kind}-Confidence Curve (IoU 0.5)",

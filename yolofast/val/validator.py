@@ -349,12 +349,7 @@ def validate(
     label_nc = info["nc"]
     if single_cls:
         info = {**info, "nc": 1, "names": {0: "item"}}
-    model_nc = getattr(model, "nc", None)
-    if model_nc is not None and int(model_nc) != int(info["nc"]):
-        raise ValueError(
-            f"validate: the model predicts {model_nc} classes but data '{data}' has nc={info['nc']}; "
-            "validate with the data set the model was trained on"
-        )
+    _check_classes(model, info, data)
     stride = int(max(getattr(model, "stride", torch.tensor([32.0])).max().item(), 32))
     rect = rect or map_convention == "ultralytics"
     dataset = build_dataset(info["val"], imgsz=imgsz, augment=False, stride=stride, prefix="val: ",
@@ -385,6 +380,15 @@ def validate(
     if validator.plot_files and verbose:
         print(f"Plots saved to {validator.plot_dir}")
     return DetMetrics(values, validator.result, int(info["nc"]), validator.speed)
+
+
+def _check_classes(model, info: dict, data) -> None:
+    model_nc = getattr(model, "nc", None)
+    if model_nc is not None and int(model_nc) != int(info["nc"]):
+        raise ValueError(
+            f"validate: the model predicts {model_nc} classes but data '{data}' has nc={info['nc']}; "
+            "validate with the data set the model was trained on"
+        )
 
 
 def _plot_dir(save_json) -> Path:
