@@ -6,7 +6,8 @@
 
 Ultralytics is never a dependency of yolofast: ``--ultralytics`` imports it (with YOLO_OFFLINE=1, so its
 import resolves no DNS name), and only then; install it in a separate environment that reuses this torch
-(README, "Benchmarks"). Shapes: b16/320 px/20 GT, b8/640 px/50 GT and b4/640 px/200 GT per image, 80 classes,
+(benchmarks/README.md, "Tools"). Shapes: b16/320 px/20 GT, b8/640 px/50 GT and b4/640 px/200 GT per image,
+80 classes,
 reg_max 16, GT sides log-uniform in 8..320 px (as benchmarks/bench_loss_step.py).
 
 What each variant times, from the same leaves (the Detect head's three (B, 144, H, W) maps, requires_grad)
@@ -179,7 +180,7 @@ def main(argv=None) -> int:
             import ultralytics  # noqa: F401
         except ImportError:
             print("--ultralytics: ultralytics is not importable here; install it in a separate venv that "
-                  "reuses this torch (README, Benchmarks)", file=sys.stderr)
+                  "reuses this torch (benchmarks/README.md, Tools)", file=sys.stderr)
             return 2
         variants += ["ultralytics", "ultralytics_head"]
         torch.set_num_threads(args.threads)

@@ -6,7 +6,7 @@
 For a few training batches (no augmentation, 16 images): the detection loss and the distillation term
 (``dis * L_dis * batch``, dis = 6), the norms of their gradients w.r.t. the student's weights and the cosine
 between them. A fresh yolov8n (seed 1) and fresh projectors unless a distilled run's last.pt is given (its
-student and projectors). Used to explain the distillation measurement in the README.
+student and projectors). Used to explain the distillation measurement in docs/distillation.md.
 
 ``--clip-steps N``: what the gradient clip at 10 does to the recipe's optimizer (AdamW, as
 ``optimizer=auto`` picks for these short runs). From the same fresh student it takes N steps on the same

@@ -1,4 +1,10 @@
-"""YOLOv8 detection loss: task-aligned assignment + CIoU/DFL box loss + BCE class loss (DESIGN §2)."""
+"""Detection losses: task-aligned assignment + CIoU box loss + DFL (or L1) + BCE class loss.
+
+``DetectionLoss`` is the YOLOv8 and YOLO11 criterion (DESIGN §2; YOLO11_YOLO26.md §4.1) and one branch of
+YOLO26's; ``E2EDetectionLoss`` is YOLO26's end-to-end criterion (YOLO11_YOLO26.md §4.4): the one-to-many
+and one-to-one branches, each a ``DetectionLoss``, weighted by the epoch (``e2e_weights``). Both have
+``set_epoch(epoch, epochs)``, which the trainer calls after each epoch's last batch and on resume.
+"""
 
 from __future__ import annotations
 
@@ -48,10 +54,37 @@ class LossStages(NamedTuple):
         return dense_target_scores(self.target_score, self.target_labels, self.nc)
 
 
-class DetectionLoss:
-    """``loss(feats, batch) -> (total, items)`` for the raw maps of a YOLOv8 Detect head.
+def head_maps(preds) -> list:
+    """The per-level maps (B, 4*reg_max + nc, H_i, W_i) the losses take, from a head's training output:
+    the list of maps itself, or an Ultralytics-style dict ``{"boxes": (B, 4*reg_max, A), "scores": (B, nc,
+    A), "feats": [maps whose sizes give the levels]}`` (split along A level by level, one copy)."""
+    if not isinstance(preds, dict):
+        return list(preds)
+    if "maps" in preds:  # yolofast's head keeps its per-level maps beside the flat views: no copy needed
+        return list(preds["maps"])
+    missing = {"boxes", "scores", "feats"} - set(preds)
+    if missing:
+        raise KeyError(f"head_maps: a head output dict needs boxes, scores and feats; "
+                       f"missing {sorted(missing)}")
+    boxes, scores = preds["boxes"], preds["scores"]
+    sizes = [tuple(f.shape[2:]) for f in preds["feats"]]
+    if sum(h * w for h, w in sizes) != boxes.shape[-1]:
+        raise ValueError(f"head_maps: the feats' sizes {sizes} do not add up to the {boxes.shape[-1]} "
+                         "anchors of boxes/scores")
+    rows = torch.cat((boxes, scores), 1)
+    return [r.unflatten(2, hw) for r, hw in zip(rows.split([h * w for h, w in sizes], 2), sizes)]
 
-    feats: list of (B, 4*reg_max + nc, H_i, W_i) maps, one per stride, box channels first.
+
+def loss_names(reg_max: int) -> tuple[str, str, str]:
+    """The logged item names: ``box_loss, cls_loss`` and ``dfl_loss`` (reg_max > 1) or ``l1_loss``."""
+    return ("box_loss", "cls_loss", "l1_loss" if int(reg_max) == 1 else "dfl_loss")
+
+
+class DetectionLoss:
+    """``loss(feats, batch) -> (total, items)`` for the raw maps of a YOLOv8 / YOLO11 Detect head.
+
+    feats: list of (B, 4*reg_max + nc, H_i, W_i) maps, one per stride, box channels first (or a head output
+    dict, see ``head_maps``).
     batch: dict with ``gt_cls`` (B, M, 1), ``gt_bboxes`` (B, M, 4) normalized xywh and ``gt_mask`` (B, M, 1),
     or, when those are missing, ``batch_idx``/``cls``/``bboxes`` that are padded here.
     Returns total (0-d float32, ``(box*L_box + cls*L_cls + dfl*L_dfl) * B``, the quantity to backprop)
@@ -60,6 +93,8 @@ class DetectionLoss:
     class_weights: optional (nc,) per-class weights on the BCE class loss (``cls_pw``, see
     ``yolofast.engine.class_weights``); then the class term comes from PyTorch's BCE over the same logits
     (the fused kernels have no per-class weight) and the box/DFL terms stay fused.
+    topk2: YOLO26's one-to-one second top-k (None: off). reg_max 1: raw distances, and the third term is
+    the normalised L1 distance (``l1_loss``, gain ``dfl``) instead of DFL (YOLO11_YOLO26.md §4.2).
     """
 
     def __init__(
@@ -74,8 +109,11 @@ class DetectionLoss:
         alpha: float = 0.5,
         beta: float = 6.0,
         class_weights: torch.Tensor | None = None,
+        topk2: int | None = None,
     ):
         self.nc, self.reg_max = int(nc), int(reg_max)
+        self.topk2 = None if topk2 is None else int(topk2)
+        self.names = loss_names(self.reg_max)
         self.no = 4 * self.reg_max + self.nc
         self.strides = tuple(float(s) for s in strides)
         self.gains = (float(box), float(cls), float(dfl))
@@ -126,12 +164,25 @@ class DetectionLoss:
             self._anchor_cache[key] = out
         return out
 
+    def set_epoch(self, epoch: int, epochs: int | None = None) -> None:
+        """Nothing to do: the v8/YOLO11 loss has no epoch schedule (the trainer may call it on any loss)."""
+
     def __call__(self, feats, batch: dict):
         st = self.stages(feats, batch)
-        return st.items.sum() * feats[0].shape[0], st.items.detach()
+        return st.items.sum() * st.fg_mask.shape[0], st.items.detach()
 
-    def stages(self, feats, batch: dict) -> LossStages:
-        """The loss of ``__call__`` with what led to it: targets, decoded boxes, the assigner's outputs."""
+    def vector(self, feats, batch: dict):
+        """(loss vector (3,) = items x B, differentiable; items (3,) detached): Ultralytics' convention."""
+        st = self.stages(feats, batch)
+        return st.items * st.fg_mask.shape[0], st.items.detach()
+
+    def stages(self, feats, batch: dict, weight: float = 1.0) -> LossStages:
+        """The loss of ``__call__`` with what led to it: targets, decoded boxes, the assigner's outputs.
+
+        weight: the factor the caller applies to this loss before backward (YOLO26's branch weight); it only
+        tells the fused kernel which gradient to prepare in its forward pass, values are the same.
+        """
+        feats = head_maps(feats)
         if len(feats) != len(self.strides):
             raise ValueError(f"DetectionLoss: got {len(feats)} feature maps for strides {self.strides}")
         feats = [f.float() for f in feats]
@@ -156,14 +207,16 @@ class DetectionLoss:
             # would write and the loss read again (10.7 MB at b16/320).
             labels, target_bboxes, score, fg_mask, gt_idx = tal_assign_maps(
                 feats, pd_bboxes, anc_px, gt_cls, gt_xyxy, gt_mask, self.topk, self.alpha, self.beta,
-                reg_max=self.reg_max, dense_scores=False,
+                reg_max=self.reg_max, dense_scores=False, topk2=self.topk2,
             )
         # The gradient __call__'s total brings to the three losses is gains x batch: the loss can then
         # write the final map gradients in its forward pass (when the weights are all non-zero: the
         # backward rescales from them for any other gradient).
-        weights = gains * bsz if self.class_weights is None and all(self.gains) else None
+        fused = self.class_weights is None and all(self.gains) and weight != 0
+        weights = gains * (bsz * float(weight)) if fused else None
         losses = bbox_loss_maps(
-            feats, anchor_points, target_bboxes / stride_tensor, score, fg_mask, self.reg_max, labels, weights
+            feats, anchor_points, target_bboxes / stride_tensor, score, fg_mask, self.reg_max, labels,
+            weights, strides=self.strides,
         )
         if self.class_weights is not None:
             lcls = self._weighted_cls(feats, dense_target_scores(score, labels, self.nc))
@@ -179,3 +232,106 @@ class DetectionLoss:
         bce = torch.nn.functional.binary_cross_entropy_with_logits(logits, target_scores, reduction="none")
         w = self.class_weights.to(logits.device)
         return (bce * w).sum() / target_scores.sum().clamp(min=1)
+
+
+# YOLO26's one-to-many weight falls linearly from 0.8 in epoch 0 to 0.1 in the last epoch (YOLO11_YOLO26.md
+# §4.4); the one-to-one branch gets the rest.
+_O2M_FIRST, _O2M_LAST = 0.8, 0.1
+
+
+def e2e_weights(epoch: int, epochs: int) -> tuple[float, float]:
+    """(w_o2m, w_o2o) in effect during 0-based ``epoch`` of ``epochs``, as Python floats (float64).
+
+    w_o2m = 0.1 + 0.7 * max(0, 1 - epoch / max(epochs - 1, 1)), w_o2o = max(0, 1 - w_o2m). Evaluated as
+    ``max(1 - e/max(E-1, 1), 0) * (0.8 - 0.1) + 0.1``: that order gives exactly 0.8 at epoch 0 (so w_o2o is
+    0.19999999999999996) and Ultralytics' float64 values (0.4111111111111111 at epoch 5 of 10); the
+    spelled-out sum would give 0.7999999999999999 at epoch 0.
+    """
+    frac = max(1 - int(epoch) / max(int(epochs) - 1, 1), 0)
+    o2m = frac * (_O2M_FIRST - _O2M_LAST) + _O2M_LAST
+    return o2m, max(0.0, 1 - o2m)
+
+
+class E2EDetectionLoss:
+    """YOLO26's end-to-end criterion (YOLO11_YOLO26.md §4.4): ``loss(preds, batch) -> (total, items)``.
+
+    preds: ``{"one2many": maps, "one2one": maps}``, each branch's head output as ``DetectionLoss`` takes it
+    (a list of per-level maps, or a head output dict, see ``head_maps``); the one-to-one maps come from
+    detached features in the model, so that branch's loss trains its own head only.
+    Each branch is a ``DetectionLoss`` assigning from its own (detached) predictions: one-to-many top-k 10,
+    one-to-one top-k 7 then topk2 1; both alpha 0.5, beta 6 and the same gains. With V = that branch's items
+    ``[box*L_box, cls*L_cls, dfl*L_l1]``:
+        total = sum of the vector B * (w_o2m * V_o2m + w_o2o * V_o2o), the quantity to backprop;
+        items = V_o2o detached (no weight, no batch factor), named ``names`` (box_loss, cls_loss, l1_loss).
+    The weights follow ``e2e_weights(epoch, epochs)``. The epoch counter starts at 0; the trainer calls
+    ``set_epoch(e + 1, epochs)`` right after epoch e's last batch (before the epoch-end callbacks, the EMA
+    sync and validation), and ``set_epoch(start_epoch, epochs)`` when it resumes, so that resumed and
+    uninterrupted runs agree. ``epochs`` is read at each ``set_epoch`` (time= runs re-estimate it).
+    """
+
+    def __init__(self, nc: int, reg_max: int = 1, strides=(8, 16, 32), box: float = 7.5, cls: float = 0.5,
+                 dfl: float = 1.5, epochs: int = 100, class_weights: torch.Tensor | None = None,
+                 topk: int = 10, topk_o2o: int = 7, topk2_o2o: int = 1, alpha: float = 0.5,
+                 beta: float = 6.0):
+        common = dict(reg_max=reg_max, strides=strides, box=box, cls=cls, dfl=dfl, alpha=alpha, beta=beta,
+                      class_weights=class_weights)
+        self.one2many = DetectionLoss(nc, topk=topk, **common)
+        self.one2one = DetectionLoss(nc, topk=topk_o2o, topk2=topk2_o2o, **common)
+        self.nc, self.reg_max, self.names = self.one2many.nc, self.one2many.reg_max, self.one2many.names
+        self.epoch, self.epochs = 0, int(epochs)
+
+    def set_epoch(self, epoch: int, epochs: int | None = None) -> None:
+        """Make ``epoch`` (0-based) the one whose weights apply; ``epochs`` updates E when given."""
+        if int(epoch) < 0:
+            raise ValueError(f"E2EDetectionLoss.set_epoch: epoch {epoch} is negative; epochs count from 0")
+        self.epoch = int(epoch)
+        if epochs is not None:
+            self.epochs = int(epochs)
+
+    @property
+    def weights(self) -> tuple[float, float]:
+        """(w_o2m, w_o2o) in effect now."""
+        return e2e_weights(self.epoch, self.epochs)
+
+    def _branches(self, preds):
+        if not isinstance(preds, dict) or not {"one2many", "one2one"} <= set(preds):
+            got = sorted(preds) if isinstance(preds, dict) else type(preds).__name__
+            raise KeyError("E2EDetectionLoss: preds must be the end-to-end head's training output "
+                           f"{{'one2many': ..., 'one2one': ...}}; got {got}")
+        return preds["one2many"], preds["one2one"]
+
+    def vector(self, preds, batch: dict):
+        """(loss vector (3,) B * (w_o2m * V_o2m + w_o2o * V_o2o), differentiable; items V_o2o (3,) detached):
+        Ultralytics' return convention."""
+        o2m, o2o = self._branches(preds)
+        w_o2m, w_o2o = self.weights
+        v_o2m = self.one2many.stages(o2m, batch, w_o2m).items
+        v_o2o = self.one2one.stages(o2o, batch, w_o2o).items
+        bsz = head_maps(o2m)[0].shape[0]
+        return (v_o2m * bsz) * w_o2m + (v_o2o * bsz) * w_o2o, v_o2o.detach()
+
+    def __call__(self, preds, batch: dict):
+        vec, items = self.vector(preds, batch)
+        return vec.sum(), items
+
+
+def criterion_for(model, box: float | None = None, cls: float | None = None, dfl: float | None = None,
+                  epochs: int | None = None, class_weights: torch.Tensor | None = None):
+    """The training criterion of a detection model's family: ``E2EDetectionLoss`` for an end-to-end head
+    (YOLO26, ``model.end2end``), ``DetectionLoss`` otherwise (YOLOv8, YOLO11); nc, reg_max and strides from
+    the model. Gains and epochs not given are read from ``model.args`` (a dict or namespace, as Ultralytics
+    keeps the recipe there) when it has them, else the defaults (7.5, 0.5, 1.5, 100 epochs)."""
+    args = getattr(model, "args", None)
+
+    def arg(name, given, default):
+        if given is not None:
+            return given
+        found = args.get(name) if isinstance(args, dict) else getattr(args, name, None)
+        return default if found is None else found
+
+    common = dict(reg_max=getattr(model, "reg_max", 16), strides=tuple(float(s) for s in model.stride),
+                  box=arg("box", box, 7.5), cls=arg("cls", cls, 0.5), dfl=arg("dfl", dfl, 1.5),
+                  class_weights=class_weights)
+    if getattr(model, "end2end", False):
+        return E2EDetectionLoss(model.nc, epochs=arg("epochs", epochs, 100), **common)
+    return DetectionLoss(model.nc, **common)

@@ -72,7 +72,7 @@ def test_bias_init():
     for nc in (80, 3):
         head = build_model("yolov8n", nc=nc).head
         for box, cls, s in zip(head.cv2, head.cv3, (8, 16, 32)):
-            assert torch.all(box[-1].bias == 1.0)
+            assert torch.all(box[-1].bias == 2.0)  # 8.4.190's box-bias prior (was 1.0 before)
             expected = math.log(5 / nc / (640 / s) ** 2)
             torch.testing.assert_close(cls[-1].bias, torch.full((nc,), expected))
     # e.g. nc=80, stride 8: log(5/80/6400) = -11.5366...

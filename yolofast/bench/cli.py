@@ -5,6 +5,7 @@
     yolofast bench step --preset step-yolov8n-320-b16  # the train step, and where its time goes
     yolofast bench ops --preset loss-b8-640-50gt --rounds 9
     yolofast bench ops --device cuda                 # the GPU presets (B=16/64, 640 px)
+    yolofast bench data --data coco128.yaml            # data pipeline samples/s per core vs Ultralytics
     yolofast bench --list                            # the presets
     yolofast bench --compare old.json new.json --threshold 0.1   # exit 1 on a regression
     yolofast bench --compare main.json branch.json --remeasure   # suspects measured again (this checkout)
@@ -125,7 +126,7 @@ def collect_meta(device: str, threads: int) -> dict:
     """versions, device, threads, git commit and a UTC timestamp for the JSON header."""
     import torch
 
-    import yolofast
+    from yolofast import __version__
 
     commit, dirty = _git_commit()
     if device.startswith("cuda"):
@@ -139,7 +140,7 @@ def collect_meta(device: str, threads: int) -> dict:
         "git_commit": commit,
         "git_dirty": dirty,
         "versions": {
-            "yolofast": yolofast.__version__,
+            "yolofast": __version__,
             "torch": torch.__version__,
             "triton": _version("triton"),
             "python": platform.python_version(),
@@ -241,6 +242,10 @@ def remeasure_rows(new: dict, suspects) -> list[dict]:
 def bench_main(argv: list[str]) -> int:
     """Entry point of ``yolofast bench`` (argv: the arguments after ``bench``). Exit codes: 0 done,
     1 ``--compare`` found a regression, 2 bad arguments/files."""
+    if argv and argv[0] == "data":  # the training data pipeline (samples/s per core), its own options
+        from yolofast.data.bench import bench_data_main
+
+        return bench_data_main(list(argv[1:]))
     try:
         args = parse_bench_args(list(argv))
     except SystemExit as e:  # argparse: --help (0) or a usage error (2)

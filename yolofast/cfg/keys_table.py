@@ -1,8 +1,9 @@
-"""Every key of Ultralytics 8.4.190's default.yaml and what yolofast does with it (the README's key table).
+"""Every key of Ultralytics 8.4.190's default.yaml and what yolofast does with it (docs/recipe-keys.md).
 
-``python -m yolofast.cfg.keys_table`` prints the markdown table; ``tests/cfg/test_keys.py`` keeps the README's
-copy equal to it, and checks every key is accepted (in ``DEFAULTS``, with Ultralytics' default unless
-``DIFFERENT_DEFAULTS`` says why not) or refused with the task it belongs to (``OTHER_TASK_KEYS``).
+``python -m yolofast.cfg.keys_table`` prints the markdown table; ``tests/cfg/test_keys.py`` keeps the copy
+in docs/recipe-keys.md equal to it, and checks every key is accepted (in ``DEFAULTS``, with Ultralytics'
+default unless ``DIFFERENT_DEFAULTS`` says why not) or refused with the task it belongs to
+(``OTHER_TASK_KEYS``).
 """
 
 from __future__ import annotations

@@ -36,11 +36,18 @@ def build_loader(t, img_path, batch_size: int, mode: str):
     dataset = build_dataset(img_path, imgsz=a.imgsz, augment=train, hyp={k: getattr(a, k) for k in _HYP},
                             stride=stride, cache=a.cache, prefix=f"{mode}: ",
                             nc=t.data.get("label_nc", t.data["nc"]), single_cls=a.single_cls,
-                            fraction=fraction, rect=rect, batch_size=batch_size, pad=0.0 if train else 0.5)
+                            fraction=fraction, rect=rect, batch_size=batch_size, pad=0.0 if train else 0.5,
+                            augment_device=_augment_device(t) if train else None)
     rank = t.rank if train else -1  # validation runs on rank 0 over the whole split
     return build_dataloader(dataset, batch_size, a.workers, shuffle=train and not rect, rank=rank,
                             seed=a.seed, epoch_sampler=train,
                             drop_last=train and static_batches(t, len(dataset), batch_size))
+
+
+def _augment_device(t):
+    """augment_device=true: the training device; a device name as given; null/false: augment on the CPU."""
+    dev = getattr(t.args, "augment_device", None)
+    return str(t.device) if dev is True else (dev or None)
 
 
 def static_batches(t, n_images: int, batch_size: int) -> bool:
@@ -93,7 +100,7 @@ def epoch_batches(t):
             if t.train_loader is not loader:
                 break
             i += 1
-            done += batch["img"].shape[0]
+            done += len(batch["im_file"])  # also for augment_device batches (no "img" yet)
         else:
             return
         loader = t.train_loader

@@ -165,9 +165,11 @@ class RunLog:
 
 def default_loggers(trainer) -> Callbacks:
     """The built-in loggers of a trainer, in the order they run."""
+    from yolofast.engine.plots import PlotLogger
     from yolofast.engine.tensorboard import TensorBoardLogger
 
     cb = Callbacks()
     RunLog(trainer).register(cb)
+    PlotLogger(trainer).register(cb)  # plots=True: labels.jpg, train_batch*.jpg, the final validation's
     TensorBoardLogger(trainer).register(cb)
     return cb

@@ -92,6 +92,8 @@ def rng_state(t) -> dict:
     ds_rng = getattr(t.train_loader.dataset, "rng", None)
     if isinstance(ds_rng, np.random.Generator):
         state["dataset"] = ds_rng.bit_generator.state
+    if hasattr(t.train_loader.dataset, "buffer_state"):  # mosaic companions come from this buffer
+        state["dataset_buffer"] = t.train_loader.dataset.buffer_state()
     return state
 
 
@@ -167,5 +169,7 @@ def restore(t, ckpt: dict) -> RunState:
     ds_rng = getattr(t.train_loader.dataset, "rng", None)
     if isinstance(ds_rng, np.random.Generator) and "dataset" in rng:
         ds_rng.bit_generator.state = rng["dataset"]
+    if "dataset_buffer" in rng and hasattr(t.train_loader.dataset, "set_buffer_state"):
+        t.train_loader.dataset.set_buffer_state(rng["dataset_buffer"])
     t.log(f"Resuming {t.resume_ckpt} from epoch {state.start_epoch + 1} to {t.epochs}")
     return state

@@ -460,8 +460,14 @@ class Trainer(RunViews):
     def preprocess_batch(self, batch: dict) -> dict:
         """Tensors to the device (non_blocking), images to float in [0, 1]."""
         dev = self.device
+        if "plans" in batch:  # augment_device: the loader sent plans, the device renders the images
+            from yolofast.data.device_aug import apply_plans
+
+            batch = {**batch, "img": apply_plans(batch["plans"], dev)}
         out = {k: (v.to(dev, non_blocking=True) if torch.is_tensor(v) else v) for k, v in batch.items()}
-        out["img"] = out["img"].float() / 255
+        # Training images arrive channels-last uint8: layout and scaling in one pass here, on the device.
+        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+        out["img"] = out["img"].to(torch.float32, memory_format=fmt).div_(255)
         if self.args.multi_scale:  # a random size per batch around imgsz (multiscale.py)
             out["img"] = resize_batch(out["img"], random_size(self.args.imgsz, self.args.multi_scale,
                                                               self.stride, random), self.stride)

@@ -1,10 +1,13 @@
-"""Building blocks of the YOLOv8 backbone and neck: Conv, Bottleneck, C2f, SPPF, Concat, Upsample.
+"""Building blocks of the YOLOv8/YOLO11/YOLO26 backbones and necks: Conv, DWConv, Bottleneck, C2f, C3k,
+C3k2, SPPF, Concat, Upsample (the attention blocks are in ``yolofast.nn.attention``).
 
 Submodule names (conv/bn, cv1/cv2, m) follow the usual YOLOv8 state-dict layout so that a state dict
 saved by another YOLOv8 implementation with the same architecture maps key for key.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -53,6 +56,13 @@ class Conv(nn.Module):
         return self
 
 
+class DWConv(Conv):
+    """A Conv unit with groups = gcd(c1, c2): depthwise when c1 == c2 (the YOLO11/YOLO26 class branch)."""
+
+    def __init__(self, c1: int, c2: int, k: int = 1, s: int = 1, d: int = 1, act: bool = True):
+        super().__init__(c1, c2, k, s, g=math.gcd(c1, c2), d=d, act=act)
+
+
 class Bottleneck(nn.Module):
     """Two convs (k[0], k[1]) with a residual add when ``shortcut`` and c1 == c2."""
 
@@ -89,21 +99,71 @@ class C2f(nn.Module):
         return self.cv2(torch.cat(ys, 1))
 
 
-class SPPF(nn.Module):
-    """Spatial pyramid pooling, fast: three chained k x k max-pools (k=5 ~ SPP's 5/9/13 windows)."""
+class C3k(nn.Module):
+    """A CSP block of n 3x3 bottlenecks (YOLO11/YOLO26's inner block of C3k2 at m/l/x and in the neck).
 
-    def __init__(self, c1: int, c2: int, k: int = 5):
+    cv1 and cv2 (1x1) halve the width; the bottleneck chain runs on cv1's half and its output comes first
+    in the concat that cv3 (1x1) maps back to c2.
+    """
+
+    def __init__(self, c1: int, c2: int, n: int = 2, shortcut: bool = True, g: int = 1, e: float = 0.5,
+                 k: int = 3):
+        super().__init__()
+        c_ = int(c2 * e)
+        self.cv1 = Conv(c1, c_, 1, 1)
+        self.cv2 = Conv(c1, c_, 1, 1)
+        self.cv3 = Conv(2 * c_, c2, 1)
+        # Throw-away C3-style bottlenecks (1x1, 3x3) first: they consume the same random draws as
+        # Ultralytics' constructor, so a seeded build gives the same initial weights.
+        nn.Sequential(*(Bottleneck(c_, c_, shortcut, g, k=(1, 3), e=1.0) for _ in range(n)))
+        self.m = nn.Sequential(*(Bottleneck(c_, c_, shortcut, g, k=(k, k), e=1.0) for _ in range(n)))
+
+    def forward(self, x):
+        return self.cv3(torch.cat((self.m(self.cv1(x)), self.cv2(x)), 1))
+
+
+class C3k2(C2f):
+    """C2f's dataflow with YOLO11/YOLO26 inner blocks: a 0.5-hidden Bottleneck, a C3k (``c3k``), or a
+    Bottleneck followed by a PSABlock (``attn``, YOLO26's last neck block). Each block maps c -> c."""
+
+    def __init__(self, c1: int, c2: int, n: int = 1, c3k: bool = False, e: float = 0.5, attn: bool = False,
+                 g: int = 1, shortcut: bool = True):
+        super().__init__(c1, c2, n, shortcut, g, e)  # builds C2f's bottlenecks first (seeded-init order)
+        c = self.c
+        if attn:
+            from yolofast.nn.attention import PSABlock
+
+            blocks = (nn.Sequential(Bottleneck(c, c, shortcut, g), PSABlock(c, 0.5, max(c // 64, 1)))
+                      for _ in range(n))
+        elif c3k:
+            blocks = (C3k(c, c, 2, shortcut, g) for _ in range(n))
+        else:
+            blocks = (Bottleneck(c, c, shortcut, g) for _ in range(n))
+        self.m = nn.ModuleList(blocks)
+
+
+class SPPF(nn.Module):
+    """Spatial pyramid pooling, fast: ``n`` chained k x k max-pools (k=5 ~ SPP's 5/9/13 windows).
+
+    ``shortcut`` (YOLO26's ``[c2, k, n, True]`` row) makes cv1 linear and adds the input to the output;
+    YOLOv8/YOLO11 rows ``[c2, k]`` keep a SiLU on cv1 and no residual. The parameters are the same.
+    """
+
+    def __init__(self, c1: int, c2: int, k: int = 5, n: int = 3, shortcut: bool | None = None):
         super().__init__()
         c_ = c1 // 2
-        self.cv1 = Conv(c1, c_, 1, 1)
-        self.cv2 = Conv(c_ * 4, c2, 1, 1)
+        self.cv1 = Conv(c1, c_, 1, 1, act=shortcut is None)
+        self.cv2 = Conv(c_ * (n + 1), c2, 1, 1)
         self.m = nn.MaxPool2d(kernel_size=k, stride=1, padding=k // 2)
+        self.n = n
+        self.add = bool(shortcut) and c1 == c2
 
     def forward(self, x):
         y = [self.cv1(x)]
-        for _ in range(3):
+        for _ in range(self.n):
             y.append(self.m(y[-1]))
-        return self.cv2(torch.cat(y, 1))
+        y = self.cv2(torch.cat(y, 1))
+        return y + x if self.add else y
 
 
 class Concat(nn.Module):

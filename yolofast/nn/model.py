@@ -1,9 +1,12 @@
-"""YOLOv8 detection model: config (built-in, yaml file or dict) -> DetectionModel.
+"""YOLOv8, YOLO11 and YOLO26 detection models: config (built-in name, yaml file or dict) -> DetectionModel.
 
-Config structure (the usual YOLOv8 yaml layout): ``nc``, ``scales`` {letter: [depth, width, max_channels]},
+Config structure (the Ultralytics yaml layout): ``nc``, ``scales`` {letter: [depth, width, max_channels]},
 optional ``scale`` (a key of ``scales``) or explicit ``depth_multiple``/``width_multiple``/``max_channels``,
-optional ``reg_max`` (16) and ``ch`` (3), then ``backbone`` and ``head``: lists of
-``[from, repeats, module, args]`` rows; ``from`` is -1 (previous layer), a layer index or a list of them.
+optional ``reg_max`` (16; YOLO26: 1), ``end2end`` (YOLO26: one-to-one head branches), ``head_cls_width``
+(the class branch's width when it is not the rule's, as in a head fine-tuned from 80 classes) and ``ch``
+(3), then
+``backbone`` and ``head``: lists of ``[from, repeats, module, args]`` rows; ``from`` is -1 (previous
+layer), a layer index or a list of them.
 Channel args are scaled as ``ceil(min(c, max_channels) * width / 8) * 8``, repeats > 1 as
 ``max(round(n * depth), 1)``.
 """
@@ -19,7 +22,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from yolofast.nn.blocks import SPPF, Bottleneck, C2f, Concat, Conv, Upsample
+from yolofast.nn.attention import C2PSA
+from yolofast.nn.blocks import SPPF, Bottleneck, C2f, C3k, C3k2, Concat, Conv, DWConv, Upsample
 from yolofast.nn.head import Detect
 
 LOGGER = logging.getLogger("yolofast")
@@ -65,9 +69,17 @@ YOLOV8 = {
 
 _MODULES = {
     "Conv": Conv, "C2f": C2f, "SPPF": SPPF, "Bottleneck": Bottleneck, "Concat": Concat,
-    "Upsample": Upsample, "nn.Upsample": Upsample, "Detect": Detect,
+    "Upsample": Upsample, "nn.Upsample": Upsample, "Detect": Detect, "C3k2": C3k2, "C3k": C3k,
+    "C2PSA": C2PSA, "DWConv": DWConv,
 }
 _NAMED = re.compile(r"^yolov8([nslmx])(\.yaml)?$", re.IGNORECASE)
+# yolo11n.yaml, yolo26x, ... -> the bundled family yaml (cfg/yolo11.yaml, cfg/yolo26.yaml) at that scale
+_FAMILY = re.compile(r"^(yolo11|yolo26)([nslmx])(\.yaml)?$", re.IGNORECASE)
+_CHANNEL_ARG = (Conv, DWConv, C2f, C3k2, C3k, SPPF, Bottleneck, C2PSA)  # args[0] is a width to scale
+_REPEAT = (C2f, C3k2, C3k, C2PSA)  # built once, with the depth-scaled repeat count as 3rd argument
+
+
+KNOWN = "yolov8n/s/m/l/x, yolo11n/s/m/l/x, yolo26n/s/m/l/x"
 
 
 def make_divisible(x: float, divisor: int = 8) -> int:
@@ -75,7 +87,7 @@ def make_divisible(x: float, divisor: int = 8) -> int:
 
 
 class DetectionModel(nn.Module):
-    """A YOLOv8 detector: ``self.model`` holds the layers in config order, the last one is ``Detect``.
+    """A YOLO detector: ``self.model`` holds the layers in config order, the last one is ``Detect``.
 
     train mode ``forward(x)`` -> list of nl maps (B, 4*reg_max + nc, H/s, W/s), box channels first;
     eval mode -> (B, 4 + nc, A) decoded (cx, cy, w, h pixels, sigmoid scores). ``forward_feats`` gives the
@@ -112,6 +124,22 @@ class DetectionModel(nn.Module):
     def head(self) -> Detect:
         return self.model[-1]
 
+    @property
+    def end2end(self) -> bool:
+        """True for a model with one-to-one (NMS-free) head branches (YOLO26): it trains with the
+        end-to-end criterion, and ``nms=False`` makes its eval output the one-to-one top-k."""
+        return self.head.end2end
+
+    def set_head(self, nms: bool | None = None, max_det: int = 300, agnostic: bool = False) -> bool:
+        """Choose what eval-mode ``forward`` returns. ``nms=False`` on an end2end model: the one-to-one
+        branch's top-``max_det`` rows (B, k, 6) x1, y1, x2, y2, score, class (no NMS needed); otherwise
+        (``None``, the default, or True) the one-to-many decode (B, 4+nc, A) for NMS. Returns whether the
+        NMS-free output is on."""
+        head = self.head
+        head.nms_free = nms is False and head.end2end
+        head.max_det, head.agnostic = int(max_det), bool(agnostic)
+        return head.nms_free
+
     def _neck(self, x):
         """Run every layer but the head; returns the list of head inputs."""
         y = []
@@ -126,13 +154,49 @@ class DetectionModel(nn.Module):
     def forward(self, x):
         return self.head(self._neck(x))
 
-    def forward_feats(self, x):
-        """Raw head maps (list of nl (B, 4*reg_max + nc, H/s, W/s)) in train and eval mode alike."""
-        return self.head.forward_feats(self._neck(x))
+    def forward_feats(self, x, one2one: bool = False):
+        """Raw head maps (list of nl (B, 4*reg_max + nc, H/s, W/s)) in train and eval mode alike: the
+        one-to-many branch, or with ``one2one`` the one-to-one branch of an end2end model."""
+        xs = self._neck(x)
+        return self.head.forward_feats_one2one(xs) if one2one else self.head.forward_feats(xs)
+
+    def forward_heads(self, x):
+        """(one-to-many maps, one-to-one maps) of an end2end model from one pass through the network."""
+        xs = self._neck(x)
+        return self.head.forward_feats(xs), self.head.forward_feats_one2one(xs)
+
+    def decode_one2one(self, feats, max_det: int = 300, agnostic: bool = False):
+        """One-to-one raw maps -> (B, min(max_det, A), 6) rows x1, y1, x2, y2, score, class by descending
+        score, unthresholded: what ``nms=False`` uses instead of NMS (see ``Detect.topk``)."""
+        y = self.head.decode([f.float() for f in feats], xywh=False)
+        return self.head.topk(y.transpose(1, 2), max_det, agnostic)
 
     def decode(self, feats):
         """Raw maps -> (B, 4 + nc, A): xywh pixels + sigmoid scores (what eval-mode forward returns)."""
         return self.head.decode(feats)
+
+    def loss(self, batch: dict, preds=None):
+        """Ultralytics' ``model.loss``: (loss vector (3,) x batch size, differentiable; items (3,) detached).
+
+        batch: Ultralytics' dict (``img``, ``batch_idx``, ``cls``, ``bboxes`` normalised xywh). preds: the
+        train-mode head output; None runs the model on ``batch["img"]`` (in eval mode: the raw maps of
+        every branch). The criterion (``yolofast.loss.criterion_for``: YOLO26's end-to-end one, else v8's)
+        is made on first use as ``self.criterion``; a YOLO26 run drives its epoch with
+        ``self.criterion.set_epoch(epoch, epochs)``.
+        """
+        from yolofast.loss import criterion_for  # lazy: the criterion is built on the first loss call
+
+        if getattr(self, "criterion", None) is None:
+            self.criterion = criterion_for(self)
+        if preds is None:
+            if self.training:
+                preds = self.forward(batch["img"])
+            else:
+                xs = self._neck(batch["img"])
+                preds = self.head.forward_feats(xs)
+                if self.end2end:
+                    preds = {"one2many": preds, "one2one": self.head.forward_feats_one2one(xs)}
+        return self.criterion.vector(preds, batch)
 
     def fuse(self) -> DetectionModel:
         """Fold every BatchNorm into its conv (for inference; the BN layers become Identity)."""
@@ -174,7 +238,9 @@ def _gflops(model: DetectionModel, imgsz: int) -> float:
     was_training = model.training
     try:
         model.eval()  # eval: BN running stats must not move
-        model.forward_feats(torch.zeros(1, model.yaml.get("ch", 3), s, s, device=p.device, dtype=p.dtype))
+        x = torch.zeros(1, model.yaml.get("ch", 3), s, s, device=p.device, dtype=p.dtype)
+        # an end2end model counts both head branch sets, as an unfused one runs both (Ultralytics too)
+        model.forward_heads(x) if model.end2end else model.forward_feats(x)
     finally:
         model.train(was_training)
         for h in handles:
@@ -189,6 +255,7 @@ def _parse(cfg: dict, ch: int, nc: int):
     reg_max = int(cfg.get("reg_max", 16))
     rows = list(cfg["backbone"]) + list(cfg["head"])
     chs, strides, layers, save, table = [], [], [], [], []
+    legacy = True
     for i, row in enumerate(rows):
         if not (isinstance(row, (list, tuple)) and len(row) == 4):
             raise ValueError(f"model config layer {i}: expected [from, repeats, module, args], got {row!r}")
@@ -196,7 +263,8 @@ def _parse(cfg: dict, ch: int, nc: int):
         if name not in _MODULES:
             raise ValueError(f"model config layer {i}: unknown module {name!r}; known: {sorted(_MODULES)}")
         m = _MODULES[name]
-        args = [nc if a == "nc" else a for a in args]
+        # Ultralytics' yamls write nn.Upsample's size as the string None
+        args = [nc if a == "nc" else None if a == "None" else a for a in args]
         froms = [f] if isinstance(f, int) else list(f)
         for j in froms:
             if not (j == -1 or 0 <= j < i):
@@ -207,13 +275,17 @@ def _parse(cfg: dict, ch: int, nc: int):
         s_in = [1.0 if i == 0 else strides[j] for j in froms]
         n_rep = max(round(n * depth), 1) if n > 1 else n
         s_out = s_in[0]
-        if m in (Conv, C2f, SPPF, Bottleneck):
+        if m in _CHANNEL_ARG:
             c2 = make_divisible(min(args[0], max_ch) * width, 8)
             args = [c_in[0], c2, *args[1:]]
-            if m is C2f:
+            if m in _REPEAT:
                 args.insert(2, n_rep)
                 n_rep = 1
-            if m is Conv:
+            if m is C3k2:
+                legacy = False  # any C3k2 row: the head gets the depthwise class branch
+                if cfg.get("scale") in ("m", "l", "x"):  # m/l/x: C3k inner blocks in every C3k2 row
+                    args = args + [True] if len(args) == 3 else [*args[:3], True, *args[4:]]
+            if m in (Conv, DWConv):
                 s_out = s_in[0] * (args[3] if len(args) > 3 else 1)
         elif m is Concat:
             if len(set(s_in)) != 1:
@@ -226,7 +298,8 @@ def _parse(cfg: dict, ch: int, nc: int):
         elif m is Detect:
             if i != len(rows) - 1:
                 raise ValueError(f"model config layer {i}: Detect must be the last layer")
-            args = [args[0] if args else nc, c_in, s_in, reg_max]
+            args = [args[0] if args else nc, c_in, s_in, reg_max, bool(cfg.get("end2end", False)), legacy,
+                    cfg.get("head_cls_width")]
             c2 = None
         else:  # pragma: no cover - every _MODULES entry is handled above
             raise AssertionError(name)
@@ -236,8 +309,8 @@ def _parse(cfg: dict, ch: int, nc: int):
         layers.append(module)
         chs.append(c2)
         strides.append(s_out)
-        table.append((i, f, n_rep if m is not C2f else args[2], sum(p.numel() for p in module.parameters()),
-                      name, args))
+        n_shown = n_rep if m not in _REPEAT else args[2]
+        table.append((i, f, n_shown, sum(p.numel() for p in module.parameters()), name, args))
     if not isinstance(layers[-1], Detect):
         raise ValueError("model config: the last layer must be Detect")
     return nn.Sequential(*layers), sorted(set(save)), layers[-1].strides, table
@@ -274,23 +347,34 @@ def _load_cfg(cfg) -> dict:
         d["name"] = f"YOLOv8{d['scale']}"
         return d
     path = Path(text)
+    family = _FAMILY.match(path.name)
+    if family and not path.is_file():  # 'yolo26n' / 'yolo26n.yaml': the bundled family file at scale n
+        fam, scale = family.group(1).lower(), family.group(2).lower()
+        d = _read_yaml(Path(__file__).parent / "cfg" / f"{fam}.yaml")
+        d.update(scale=scale, name=f"{fam}{scale}", yaml_file=f"{fam}{scale}.yaml")
+        return d
     if not path.is_file():
         builtin = Path(__file__).parent / "cfg" / path.name
         if builtin.is_file():
             path = builtin
         else:
-            raise FileNotFoundError(f"build_model(cfg={text!r}): not a known model (yolov8n/s/m/l/x) "
-                                    f"and no such yaml file")
+            raise FileNotFoundError(f"build_model(cfg={text!r}): not a known model ({KNOWN}) and no such "
+                                    f"yaml file")
+    d = _read_yaml(path)
+    d.setdefault("yaml_file", str(path))
+    m = re.search(r"yolo[v]?\d+([nslmx])", path.stem, re.IGNORECASE)
+    if "scale" not in d and m and m.group(1).lower() in d.get("scales", {}):
+        d["scale"] = m.group(1).lower()  # 'yolov8s.yaml' -> scale 's' of the file's scales table
+    return d
+
+
+def _read_yaml(path: Path) -> dict:
     import yaml
 
     with open(path, encoding="utf-8") as fh:
         d = yaml.safe_load(fh)
     if not isinstance(d, dict):
         raise ValueError(f"build_model: {path} does not hold a mapping")
-    d.setdefault("yaml_file", str(path))
-    m = re.search(r"yolov8([nslmx])", path.stem, re.IGNORECASE)
-    if "scale" not in d and m and m.group(1).lower() in d.get("scales", {}):
-        d["scale"] = m.group(1).lower()  # 'yolov8s.yaml' -> scale 's' of the file's scales table
     return d
 
 
@@ -320,9 +404,10 @@ def _resolve_scale(d: dict) -> None:
 
 
 def build_model(cfg="yolov8n", nc: int | None = None, ch: int = 3, verbose: bool = False) -> DetectionModel:
-    """Build a YOLOv8 DetectionModel.
+    """Build a YOLOv8, YOLO11 or YOLO26 DetectionModel.
 
-    cfg: 'yolov8n'|'yolov8s'|'yolov8m'|'yolov8l'|'yolov8x' (optionally with '.yaml'), a yaml path, or a
+    cfg: 'yolov8n'..'yolov8x', 'yolo11n'..'yolo11x', 'yolo26n'..'yolo26x' (optionally with '.yaml'), a yaml
+    path (Ultralytics' format; the scale letter is read from a name like 'yolo11s.yaml'), or a
     config dict (see the module docstring; ``scale`` picks a row of ``scales``, or give
     ``depth_multiple``/``width_multiple``/``max_channels`` directly).
     nc: number of classes; None -> the config's ``nc`` (80 for the built-ins). ch: input channels.

@@ -2,7 +2,7 @@
 
 ``bbox_loss`` takes (B, A, .) tensors; ``bbox_loss_maps`` takes the Detect head's per-level maps as they
 are: the C++ kernel reads them in place and returns gradients in their layout, the other backends get the
-(B, A, .) tensors built here by one cat per map (``maps_to_rows``).
+(B, A, .) tensors built by one cat per map (``maps_to_rows``, in _composed.py).
 """
 
 from __future__ import annotations
@@ -10,6 +10,21 @@ from __future__ import annotations
 import torch
 
 from yolofast.ops._backend import backend_name, implementation
+from yolofast.ops._composed import dense_target_scores, maps_to_rows
+
+__all__ = ["bbox_loss", "bbox_loss_maps", "dense_target_scores", "maps_to_rows"]
+
+# Backends whose bbox_loss kernels implement reg_max 1 (YOLO26: raw distances, the L1 term instead of DFL,
+# YOLO11_YOLO26.md §4.2). The C++/CUDA/Triton kernels are DFL-only today, so a reg_max 1 call runs the
+# reference whatever backend is selected or forced: a rule of this op, tested, not a fallback
+# (``reg_max_backend``). A kernel that implements it adds its backend's name here.
+REG_MAX1_BACKENDS = frozenset({"ref"})
+
+
+def reg_max_backend(name: str, reg_max: int) -> str:
+    """The backend that runs a bbox_loss call: ``name`` (the selected one) unless reg_max is 1 and
+    ``name``'s kernel does not implement it; then "ref"."""
+    return "ref" if int(reg_max) == 1 and name not in REG_MAX1_BACKENDS else name
 
 
 def bbox_loss(
@@ -19,38 +34,20 @@ def bbox_loss(
     target_bboxes: torch.Tensor,
     target_scores: torch.Tensor,
     fg_mask: torch.Tensor,
+    stride_tensor: torch.Tensor | None = None,
+    img_hw: tuple[float, float] | None = None,
 ) -> torch.Tensor:
     """(3,) float32 [L_box, L_cls, L_dfl] (DESIGN §2.2), differentiable w.r.t. pred_dist and pred_scores.
 
     Shapes and semantics in ``reference.bbox_loss_ref``; targets are in grid units (pixels / stride).
+    reg_max 1 (pred_dist (B, A, 4)): [L_box, L_cls, L_l1], with stride_tensor (A, 1) and img_hw (H, W)
+    required; it runs where ``reg_max_backend`` says.
     """
-    impl = implementation("bbox_loss", backend_name("bbox_loss", pred_dist.device.type))
-    return impl(pred_dist, pred_scores, anchor_points, target_bboxes, target_scores, fg_mask)
-
-
-def maps_to_rows(feats, reg_max: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
-    """(pred_dist (B, A, 4*reg_max), pred_scores (B, A, nc)) from (B, 4*reg_max + nc, H_i, W_i) maps.
-
-    The transposed views are cat straight into the two tensors: one copy each (a cat to (B, no, A) then two
-    permute().contiguous() was ~40 ms at b8/640 on one thread, this ~15 ms).
-    """
-    nc = feats[0].shape[1] - 4 * reg_max
-    dist_parts, score_parts = [], []
-    for f in feats:
-        d, s = f.flatten(2).split((4 * reg_max, nc), 1)
-        dist_parts.append(d.transpose(1, 2))
-        score_parts.append(s.transpose(1, 2))
-    return torch.cat(dist_parts, 1), torch.cat(score_parts, 1)
-
-
-def dense_target_scores(scores: torch.Tensor, labels: torch.Tensor, nc: int) -> torch.Tensor:
-    """(B, A, nc) target scores from per-anchor ones: row (b, a) is zero but for scores[b, a] at class
-    labels[b, a] clamped to [0, nc - 1] (the class the assigner scored)."""
-    if labels is None:
-        raise ValueError("bbox_loss_maps: (B, A) target_scores hold one class per anchor: pass target_labels "
-                         "(tal_assign's first output)")
-    cls = labels.long().clamp(0, nc - 1).unsqueeze(-1)
-    return scores.new_zeros((*scores.shape, nc)).scatter_(-1, cls, scores.unsqueeze(-1))
+    reg_max = pred_dist.shape[-1] // 4
+    name = reg_max_backend(backend_name("bbox_loss", pred_dist.device.type), reg_max)
+    extra = {"stride_tensor": stride_tensor, "img_hw": img_hw} if reg_max == 1 else {}
+    impl = implementation("bbox_loss", name)
+    return impl(pred_dist, pred_scores, anchor_points, target_bboxes, target_scores, fg_mask, **extra)
 
 
 def bbox_loss_maps(
@@ -62,6 +59,7 @@ def bbox_loss_maps(
     reg_max: int = 16,
     target_labels: torch.Tensor | None = None,
     weights: torch.Tensor | None = None,
+    strides=None,
 ) -> torch.Tensor:
     """``bbox_loss`` of the head's maps: feats a list of (B, 4*reg_max + nc, H_i, W_i) logits, anchors level
     by level (pixel h*W_i + w); the other arguments as in ``bbox_loss`` with A = sum H_i*W_i.
@@ -72,15 +70,24 @@ def bbox_loss_maps(
 
     Returns (3,) [L_box, L_cls, L_dfl], differentiable w.r.t. every map. The C++ backend reads the maps in
     place (no cat, no transpose, the gradients written in the maps' layout); the others cat first.
+    reg_max 1: [L_box, L_cls, L_l1] (``reference.bbox_loss_ref``); strides (one per map, pixels) are then
+    required, the image size is that of the first map times its stride; it runs where ``reg_max_backend``
+    says.
     """
-    name = backend_name("bbox_loss", feats[0].device.type)
-    if name == "cpp":
-        from yolofast.ops import _library
+    name = reg_max_backend(backend_name("bbox_loss", feats[0].device.type), reg_max)
+    extra = _l1_geometry(feats, strides) if int(reg_max) == 1 else {}
+    impl = implementation("bbox_loss.maps", name, reg_max)
+    return impl(feats, anchor_points, target_bboxes, target_scores, fg_mask, reg_max, target_labels, weights,
+                **extra)
 
-        return _library.bbox_loss_maps(feats, anchor_points, target_bboxes, target_scores, fg_mask, reg_max,
-                                       target_labels, weights)
-    if target_scores.dim() == 2:
-        target_scores = dense_target_scores(target_scores, target_labels, feats[0].shape[1] - 4 * reg_max)
-    pred_dist, pred_scores = maps_to_rows(feats, reg_max)
-    impl = implementation("bbox_loss", name)
-    return impl(pred_dist, pred_scores, anchor_points, target_bboxes, target_scores, fg_mask)
+
+def _l1_geometry(feats, strides) -> dict:
+    """stride_tensor (A, 1) and img_hw (H, W) of the batch image for the reg_max 1 L1 term, from the maps."""
+    if strides is None or len(strides) != len(feats):
+        raise ValueError(f"bbox_loss_maps: reg_max 1 needs strides, one per map ({len(feats)} maps), "
+                         f"to normalise the L1 distances; got {strides!r}")
+    from yolofast.boxes import make_anchors
+
+    stride_tensor = make_anchors(feats, strides, 0.5)[1]
+    s0 = float(strides[0])
+    return {"stride_tensor": stride_tensor, "img_hw": (feats[0].shape[2] * s0, feats[0].shape[3] * s0)}

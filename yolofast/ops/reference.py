@@ -17,10 +17,10 @@ Conventions shared by all kernels (read these before writing one):
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
+
+from yolofast.kernels._constants import CIOU_EPS, FOUR_OVER_PI2, SMALL_GT_SIDE
 
 __all__ = [
     "SMALL_GT_SIDE",
@@ -31,11 +31,8 @@ __all__ = [
     "ema_update_ref",
 ]
 
-# Sides of a real GT shorter than this (px, the middle stride 16) are widened to it for the candidate
-# test only (DESIGN §2.1 step 1): a 4 px box otherwise may contain no anchor centre of any level.
-SMALL_GT_SIDE = 16.0
-
-_FOUR_OVER_PI2 = 4.0 / math.pi**2
+# SMALL_GT_SIDE (16 px: shorter sides of a real GT are widened to it for the candidate test only), CIoU's
+# eps and 4/pi^2 are defined once, in yolofast/kernels/_constants.py, for this spec and every kernel.
 
 
 def _compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
@@ -43,7 +40,7 @@ def _compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
     return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
-def bbox_ciou(box1: torch.Tensor, box2: torch.Tensor, eps: float = 1e-7) -> torch.Tensor:
+def bbox_ciou(box1: torch.Tensor, box2: torch.Tensor, eps: float = CIOU_EPS) -> torch.Tensor:
     """Complete IoU of xyxy boxes (DESIGN §2.2), broadcast over the leading dimensions.
 
     box1 (..., 4), box2 (..., 4) -> (...) in their (promoted) dtype. The aspect-ratio weight ``alpha`` is
@@ -73,7 +70,7 @@ def bbox_ciou(box1: torch.Tensor, box2: torch.Tensor, eps: float = 1e-7) -> torc
     c2 = cw.pow(2) + ch.pow(2) + eps
     rho2 = ((b2x1 + b2x2) - (b1x1 + b1x2)).pow(2) + ((b2y1 + b2y2) - (b1y1 + b1y2)).pow(2)
     rho2 = rho2 / 4
-    v = _FOUR_OVER_PI2 * (torch.atan(w2 / h2) - torch.atan(w1 / h1)).pow(2)
+    v = FOUR_OVER_PI2 * (torch.atan(w2 / h2) - torch.atan(w1 / h1)).pow(2)
     with torch.no_grad():
         alpha = v / (v - iou + (1 + eps))
     return iou - (rho2 / c2 + v * alpha)
@@ -85,10 +82,15 @@ def bbox_decode(pred_dist: torch.Tensor, anchor_points: torch.Tensor) -> torch.T
     pred_dist (..., A, 4*reg_max) logits, side-major (l, t, r, b each a block of reg_max bins);
     anchor_points (A, 2) anchor centres (x, y) in grid units.
     Returns (..., A, 4) xyxy boxes ``(ax - l, ay - t, ax + r, ay + b)`` in grid units, in pred_dist's dtype.
+    reg_max 1 (YOLO26, YOLO11_YOLO26.md §3.4): the four channels are the distances themselves (no softmax,
+    no clamp; they may be negative).
     """
     if pred_dist.shape[-1] % 4:
         raise ValueError(f"bbox_decode: pred_dist last dim {pred_dist.shape[-1]} is not 4*reg_max")
     reg_max = pred_dist.shape[-1] // 4
+    if reg_max == 1:
+        anc = anchor_points.to(pred_dist.dtype)
+        return torch.cat((anc - pred_dist[..., :2], anc + pred_dist[..., 2:]), -1)
     prob = pred_dist.unflatten(-1, (4, reg_max)).softmax(-1)
     bins = torch.arange(reg_max, dtype=prob.dtype, device=prob.device)
     # A sum, not a matmul: autocast would run a matmul in bf16/fp16.
@@ -109,6 +111,7 @@ def tal_assign_ref(
     alpha: float = 0.5,
     beta: float = 6.0,
     eps: float = 1e-9,
+    topk2: int | None = None,
 ):
     """Task-aligned assigner (TOOD's TAL as used by YOLOv8), exactly DESIGN §2.1. No gradient.
 
@@ -132,6 +135,10 @@ def tal_assign_ref(
         4. an anchor selected by one GT gets it; selected by >= 2 GTs, it gets the GT with the largest
            overlap among ALL its candidate GTs (ties -> lowest GT index), even one that did not select it.
            It is positive (fg) only if align(assigned GT, a) > 0: an anchor with align 0 is never positive.
+        4b. only when topk2 is given and differs from topk (YOLO26's one-to-one branch, YOLO11_YOLO26.md
+           §4.3): per GT, of its positives after step 4 (its own selections that it kept, plus anchors it
+           won by overlap in a conflict) only the topk2 with the largest raw align stay (stable descending
+           sort: ties go to the lower anchor index); the others lose the GT and become background.
         5. per GT over its positives: pos_align = max align, pos_overlap = max overlap;
            norm(a) = (align(g, a) * pos_overlap(g)) / (pos_align(g) + eps).
         Computed in float32 (float64 if any of pd_scores, pd_bboxes, gt_bboxes is float64).
@@ -139,6 +146,9 @@ def tal_assign_ref(
     B, A, C = pd_scores.shape
     M = gt_bboxes.shape[1]
     dev = pd_scores.device
+    if topk2 is not None and int(topk2) < 1:
+        raise ValueError(f"tal_assign: topk2={topk2} keeps no positive; pass topk2 >= 1, or None for no "
+                         "second top-k")
     if M == 0:
         return (
             torch.full((B, A), C, dtype=torch.long, device=dev),
@@ -191,6 +201,8 @@ def tal_assign_ref(
     gt_idx = torch.where(n_sel > 1, best_overlap_gt, only_gt)
     align_a = align.gather(1, gt_idx[:, None]).squeeze(1)  # (B, A) align with the assigned GT
     fg = (n_sel > 0) & (align_a > 0)
+    if topk2 is not None and int(topk2) != int(topk):
+        fg = _second_topk(align, fg, gt_idx, topk2)
     target_gt_idx = torch.where(fg, gt_idx, 0)
 
     # 5. targets and the per-GT score normalisation.
@@ -208,6 +220,26 @@ def tal_assign_ref(
     return target_labels, target_bboxes, target_scores, fg, target_gt_idx
 
 
+def _second_topk(align: torch.Tensor, fg: torch.Tensor, gt_idx: torch.Tensor, topk2: int) -> torch.Tensor:
+    """Step 4b of ``tal_assign_ref``: fg (B, A) reduced to each GT's topk2 positives by raw align (B, M, A).
+
+    A positive has align > 0 and every other entry of the masked metric is 0, so the first topk2 of the
+    stable descending sort hold all of a GT's positives when it has at most topk2 (then nothing changes).
+    topk2 = 1 (YOLO26) takes argmax, which returns the first maximum: the same anchor as the stable sort,
+    without sorting B*M rows of A (a (16, 20, 2100) sort ~190 ms vs ~3 ms at one thread, AMD EPYC).
+    """
+    B, M, A = align.shape
+    pos = fg[:, None, :] & (gt_idx[:, None, :] == torch.arange(M, device=align.device)[None, :, None])
+    metric = torch.where(pos, align, 0)
+    k2 = min(int(topk2), A)
+    if k2 == 1:
+        top = metric.argmax(-1, keepdim=True)
+    else:
+        top = torch.sort(metric, dim=-1, descending=True, stable=True).indices[..., :k2]
+    kept = torch.zeros_like(pos).scatter_(-1, top, True) & pos
+    return kept.any(1)
+
+
 def bbox_loss_ref(
     pred_dist: torch.Tensor,
     pred_scores: torch.Tensor,
@@ -215,6 +247,8 @@ def bbox_loss_ref(
     target_bboxes: torch.Tensor,
     target_scores: torch.Tensor,
     fg_mask: torch.Tensor,
+    stride_tensor: torch.Tensor | None = None,
+    img_hw: tuple[float, float] | None = None,
 ) -> torch.Tensor:
     """CIoU box loss + DFL + BCE class loss (DESIGN §2.2), each divided by S, no gains, no batch factor.
 
@@ -231,8 +265,18 @@ def bbox_loss_ref(
         L_cls = sum over all anchors and classes of BCEWithLogits(pred_scores, target_scores) / S
     The target boxes of background anchors are never read (they may hold anything, even NaN); their target
     scores count in S and L_cls (the assigner leaves them 0).
+
+    reg_max 1 (YOLO26, YOLO11_YOLO26.md §4.2): pred_dist (B, A, 4) are the raw distances (``bbox_decode``)
+    and the third loss is L_l1 instead of L_dfl; stride_tensor (A, 1) (pixels per grid unit of each
+    anchor) and img_hw (H, W) (pixels of the batch image tensor, not imgsz) are then required:
+        t = (ax - x1, ay - y1, x2 - ax, y2 - ay) of the target box, grid units, NOT clamped (may be < 0)
+        p^ = p * s / (W, H, W, H),  t^ = t * s / (W, H, W, H)     (per side, s = the anchor's stride)
+        L_l1 = sum_fg mean_4sides |p^ - t^| * w / S
     """
     reg_max = pred_dist.shape[-1] // 4
+    if reg_max == 1 and (stride_tensor is None or img_hw is None):
+        raise ValueError("bbox_loss: reg_max 1 (raw distances, L1 term) needs stride_tensor (A, 1) and "
+                         "img_hw (H, W) of the batch image to normalise the distances")
     ct = _compute_dtype(pred_dist, pred_scores)
     pd, ps = pred_dist.to(ct), pred_scores.to(ct)
     anc = anchor_points.to(ct)
@@ -247,6 +291,11 @@ def bbox_loss_ref(
 
     ciou = bbox_ciou(bbox_decode(pd, anc), tb)
     l_box = torch.where(fg, (1 - ciou) * weight, 0).sum() / norm
+    l_cls = F.binary_cross_entropy_with_logits(ps, ts, reduction="sum") / norm
+    if reg_max == 1:
+        l1 = _l1_distance(pd, anc, tb, stride_tensor.to(ct), img_hw)
+        l_l1 = torch.where(fg, l1 * weight, 0).sum() / norm
+        return torch.stack((l_box, l_cls, l_l1))
 
     # DFL: the clamp keeps tl + 1 <= reg_max - 1 (a distance of 15 grid units would index bin 16).
     t = torch.cat((anc - tb[..., :2], tb[..., 2:] - anc), -1).clamp(0, reg_max - 1 - 0.01)  # (B, A, 4)
@@ -259,9 +308,19 @@ def bbox_loss_ref(
     lp_right = logp.gather(-1, il + 1).squeeze(-1)
     dfl = -(wl * lp_left + wr * lp_right).mean(-1)  # (B, A)
     l_dfl = torch.where(fg, dfl * weight, 0).sum() / norm
-
-    l_cls = F.binary_cross_entropy_with_logits(ps, ts, reduction="sum") / norm
     return torch.stack((l_box, l_cls, l_dfl))
+
+
+def _l1_distance(pd: torch.Tensor, anc: torch.Tensor, tb: torch.Tensor, stride: torch.Tensor, img_hw):
+    """(B, A) mean over the 4 sides of |p^ - t^| (``bbox_loss_ref``, reg_max 1): the raw predicted and the
+    unclamped target distances, both x stride and / (W, H, W, H)."""
+    h, w = float(img_hw[0]), float(img_hw[1])
+    t = torch.cat((anc - tb[..., :2], tb[..., 2:] - anc), -1)
+    p_px, t_px = pd * stride, t * stride
+    # x sides (l, r) by W, y sides (t, b) by H, with Python scalars (no host->device copy: CUDA graphs).
+    dx = p_px[..., 0::2] / w - t_px[..., 0::2] / w
+    dy = p_px[..., 1::2] / h - t_px[..., 1::2] / h
+    return torch.stack((dx, dy), -1).flatten(-2).abs().mean(-1)  # back to (l, t, r, b) order
 
 
 def ema_update_ref(ema: torch.Tensor, model: torch.Tensor, decay) -> None:

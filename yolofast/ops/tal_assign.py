@@ -11,6 +11,23 @@ import torch
 
 from yolofast.ops._backend import backend_name, implementation
 
+# Backends whose tal_assign kernels implement ``topk2`` (YOLO26's second top-k, YOLO11_YOLO26.md §4.3).
+# The C++/CUDA/Triton kernels do not take the argument yet, so a call with topk2 (other than None or topk)
+# runs the reference whatever backend is selected or forced: a rule of this op, tested, not a fallback
+# (``topk2_backend``). A kernel that implements topk2 adds its backend's name here.
+TOPK2_BACKENDS = frozenset({"ref"})
+
+
+def _second_topk_on(topk: int, topk2: int | None) -> bool:
+    return topk2 is not None and int(topk2) != int(topk)
+
+
+def topk2_backend(name: str, topk: int, topk2: int | None) -> str:
+    """The backend that runs a tal_assign call: ``name`` (the selected one) unless the call asks for a
+    second top-k that ``name``'s kernel does not implement; then "ref". A backend in TOPK2_BACKENDS gets
+    topk2 as a keyword argument."""
+    return "ref" if _second_topk_on(topk, topk2) and name not in TOPK2_BACKENDS else name
+
 
 def tal_assign(
     pd_scores: torch.Tensor,
@@ -23,14 +40,19 @@ def tal_assign(
     alpha: float = 0.5,
     beta: float = 6.0,
     eps: float = 1e-9,
+    topk2: int | None = None,
 ):
     """Assign GTs to anchors (DESIGN §2.1); shapes and semantics in ``reference.tal_assign_ref``.
 
+    topk2: YOLO26's second top-k per GT after conflict resolution (None: off); see ``topk2_backend`` for
+    which backend runs it.
     Returns (target_labels (B,A) int64, target_bboxes (B,A,4), target_scores (B,A,C), fg_mask (B,A) bool,
     target_gt_idx (B,A) int64).
     """
-    impl = implementation("tal_assign", backend_name("tal_assign", pd_scores.device.type))
-    return impl(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, alpha, beta, eps)
+    name = topk2_backend(backend_name("tal_assign", pd_scores.device.type), topk, topk2)
+    extra = {"topk2": int(topk2)} if _second_topk_on(topk, topk2) else {}
+    return implementation("tal_assign", name)(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt,
+                                              topk, alpha, beta, eps, **extra)
 
 
 def tal_assign_maps(
@@ -46,29 +68,21 @@ def tal_assign_maps(
     eps: float = 1e-9,
     reg_max: int = 16,
     dense_scores: bool = True,
+    topk2: int | None = None,
 ):
     """``tal_assign`` with ``pd_scores = sigmoid(class logits)`` of the head's maps: feats a list of
     (B, 4*reg_max + nc, H_i, W_i) maps (anchors level by level, pixel h*W_i + w), the other arguments and
     the outputs as ``tal_assign``'s; target_scores has the maps' (promoted) dtype. No gradient.
+    topk2 as in ``tal_assign`` (a call with it runs where ``topk2_backend`` says).
 
     dense_scores=False: target_scores is (B, A), each anchor's one non-zero target score (0 off the
     foreground), of class ``target_labels.clamp(max=nc - 1)``: the (B, A, nc) tensor is that one-hot, and
     ``bbox_loss_maps(..., target_labels=...)`` takes it as it is (the C++ backend never writes the zeros).
     """
-    name = backend_name("tal_assign", feats[0].device.type)
-    if name == "cpp":
-        from yolofast.ops import _library
-
-        return _library.tal_assign_maps(feats, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk,
-                                        alpha, beta, eps, reg_max, dense_scores)
-    from yolofast.ops.bbox_loss import maps_to_rows
-
-    with torch.no_grad():
-        pd_scores = maps_to_rows([f.detach() for f in feats], reg_max)[1].sigmoid()
-    out = implementation("tal_assign", name)(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt,
-                                             topk, alpha, beta, eps)
-    if dense_scores:
-        return out
-    labels, boxes, scores, fg, gt_idx = out
-    # One non-zero per row: the row's sum is that score exactly.
-    return labels, boxes, scores.sum(-1), fg, gt_idx
+    name = topk2_backend(backend_name("tal_assign", feats[0].device.type), topk, topk2)
+    extra = {"topk2": int(topk2)} if _second_topk_on(topk, topk2) else {}
+    # The C++ maps kernel takes reg_max >= 2 (DFL heads); for a reg_max 1 head (YOLO26) implementation()
+    # hands out the same backend's (B, A, C) form after one cat of the class logits.
+    impl = implementation("tal_assign.maps", name, reg_max)
+    return impl(feats, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, alpha, beta, eps, reg_max,
+                dense_scores, **extra)

@@ -1,0 +1,262 @@
+"""``yolofast bench data``: training samples per second per core of the data pipeline, against Ultralytics'
+where it is importable, and the GPU step throughput that rate can feed.
+
+One process, one thread (OpenCV and torch), ``dataset[i]`` in alternating blocks per engine (a busy
+neighbour slows both alike), each engine's default training augmentation. The rate is samples per CPU
+second of this process: with one thread that is samples per second per core, and it does not count the
+time a neighbour held the core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["bench_data_main", "cpu_name", "measure"]
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _one_thread() -> None:
+    import cv2
+    import torch
+
+    cv2.setNumThreads(1)
+    torch.set_num_threads(1)
+
+
+def _yolofast_dataset(train, imgsz, batch, cache, names_nc):
+    from yolofast.data import build_dataset
+
+    return build_dataset(train, imgsz=imgsz, augment=True, nc=names_nc, cache=cache, batch_size=batch,
+                         prefix="yolofast: ")
+
+
+def _ultralytics_dataset(train, imgsz, batch, cache, data):
+    """Ultralytics' YOLODataset with its default training hyper-parameters, or None when not importable."""
+    try:
+        from ultralytics.cfg import get_cfg
+        from ultralytics.data.dataset import YOLODataset as UDataset
+        from ultralytics.utils import DEFAULT_CFG
+        from ultralytics.utils import LOGGER as ULOGGER
+    except ImportError:
+        return None
+    ULOGGER.setLevel("ERROR")
+    try:
+        import psutil  # noqa: F401  Ultralytics sizes cache=ram with it
+    except ImportError:  # without it its memory check fails: the bench's sets are small, skip the check
+        UDataset.check_cache_ram = lambda self, *a, **k: True
+    hyp = get_cfg(DEFAULT_CFG, dict(imgsz=imgsz, cache=cache))
+    return UDataset(img_path=train, imgsz=imgsz, batch_size=batch, augment=True, hyp=hyp, rect=False,
+                    cache=cache or False, single_cls=False, stride=32, pad=0.0, prefix="ultralytics: ",
+                    task="detect", classes=None, data=data, fraction=1.0)
+
+
+def _block(ds, order, start, n):
+    t0 = time.process_time()
+    for k in range(n):
+        ds[order[(start + k) % len(order)]]
+    return n / max(time.process_time() - t0, 1e-9)
+
+
+def measure(engines: dict, blocks: int, block_size: int, seed: int = 0) -> dict:
+    """Alternate blocks of ``block_size`` samples over ``engines`` (name -> dataset); -> name -> list of
+    samples per CPU second, one per block. One warm-up block each first (page cache, buffers)."""
+    import numpy as np
+
+    n = min(len(ds) for ds in engines.values())
+    order = np.random.default_rng(seed).permutation(n).tolist()
+    rates = {k: [] for k in engines}
+    for ds in engines.values():
+        _block(ds, order, 0, block_size)
+    for b in range(blocks):
+        names = list(engines) if b % 2 == 0 else list(engines)[::-1]
+        for name in names:
+            rates[name].append(_block(engines[name], order, (b + 1) * block_size, block_size))
+    return rates
+
+
+def loader_rates(make_dataset, batch: int, workers: tuple, n_batches: int, rounds: int) -> dict:
+    """Batches per wall second of a DataLoader over a fresh dataset per workers value (persistent workers,
+    started and warmed by 2 batches before timing), ``rounds`` alternating timings of ``n_batches``."""
+    from yolofast.data import build_dataloader
+
+    loaders = {w: build_dataloader(make_dataset(), batch, w, shuffle=True, seed=0) for w in workers}
+    its = {}
+    for w, ld in loaders.items():
+        its[w] = _endless(ld)
+        for _ in range(2):
+            next(its[w])
+    rates = {w: [] for w in workers}
+    cpu = {w: [] for w in workers}
+    for r in range(rounds):
+        for w in (workers if r % 2 == 0 else workers[::-1]):
+            c0, t0 = _cpu_seconds(loaders[w]), time.perf_counter()
+            for _ in range(n_batches):
+                next(its[w])
+            rates[w].append(n_batches / (time.perf_counter() - t0))
+            cpu[w].append((_cpu_seconds(loaders[w]) - c0) / n_batches)
+    return rates, cpu
+
+
+def _cpu_seconds(loader) -> float:
+    """CPU seconds used so far by this process and the loader's worker processes (Linux /proc)."""
+    import os
+
+    total = time.process_time()
+    it = getattr(loader, "_iterator", None)
+    for p in getattr(it, "_workers", []) or []:
+        try:
+            fields = Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            return float("nan")
+    return total
+
+
+def _endless(loader):
+    epoch = 0
+    while True:
+        if hasattr(loader.sampler, "set_epoch"):
+            loader.sampler.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+def device_table(train, nc, imgsz: int, batch: int, device: str, rounds: int = 5) -> list[str]:
+    """augment_device on ``device``: agreement with the CPU path (same draws), plans per CPU second (the
+    loader's share: file reads and draws), and the device's rendering rate (nvJPEG decode on CUDA)."""
+    import torch
+
+    from yolofast.data import build_dataset
+    from yolofast.data.device_aug import apply_plans, plan_sample
+
+    ds = build_dataset(train, imgsz=imgsz, augment=True, nc=nc, batch_size=batch, prefix="device: ")
+    n = min(batch, len(ds))
+    ds.reseed(0)
+    cpu = [ds[i] for i in range(n)]
+    ds.reseed(0)
+    plans = [plan_sample(ds, i, "cpu") for i in range(n)]
+    out = apply_plans(plans, device).cpu()
+    diff = torch.stack([(out[k].float() - cpu[k]["img"].float()).abs().mean() for k in range(n)])
+    box = max(float((p["bboxes"] - c["bboxes"]).abs().max()) if len(c["bboxes"]) else 0.0
+              for p, c in zip(plans, cpu))
+    dec = "device" if device.startswith("cuda") else "cpu"
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    t0 = time.process_time()
+    plans = [plan_sample(ds, i % len(ds), dec) for i in range(4 * batch)]
+    plan_rate = len(plans) / max(time.process_time() - t0, 1e-9)
+    t0 = time.process_time()
+    for i in range(2 * batch):
+        ds[i % len(ds)]
+    cpu_rate = 2 * batch / max(time.process_time() - t0, 1e-9)
+    render = []
+    for _ in range(rounds):
+        sync()
+        t0 = time.perf_counter()
+        for k in range(0, len(plans), batch):
+            apply_plans(plans[k:k + batch], device)
+        sync()
+        render.append(len(plans) / (time.perf_counter() - t0))
+    name = torch.cuda.get_device_name(device) if device.startswith("cuda") else cpu_name()
+    return [f"| augment_device={device} ({name}), imgsz {imgsz}, batch {batch} | |",
+            "| --- | --- |",
+            f"| pixels vs the CPU path, mean abs diff per image (max over {n}) | {float(diff.max()):.3f} |",
+            f"| boxes vs the CPU path, max abs diff | {box:.2e} |",
+            f"| CPU path: samples per CPU second (1 thread) | {cpu_rate:.1f} |",
+            f"| device path: plans per CPU second ({dec} decode) | {plan_rate:.1f} |",
+            f"| device path: images rendered per second on the device (median of {rounds}) | "
+            f"{statistics.median(render):.0f} |"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="yolofast bench data", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", required=True, help="data yaml (its train split is read)")
+    ap.add_argument("--imgsz", type=int, default=640)
+    ap.add_argument("--batch", type=int, default=16, help="batch size (sizes the mosaic buffer; default 16)")
+    ap.add_argument("--cache", default="", choices=("", "ram", "disk"), help="image cache of both engines")
+    ap.add_argument("--blocks", type=int, default=8, help="timed blocks per engine (median over them)")
+    ap.add_argument("--block-size", type=int, default=64, help="samples per block")
+    ap.add_argument("--no-ultralytics", action="store_true", help="time yolofast only")
+    ap.add_argument("--workers", type=int, default=8,
+                    help="loader workers of the GPU run the feed rate is quoted for (default 8)")
+    ap.add_argument("--device", default="",
+                    help="also time augment_device on this device (cuda:0: nvJPEG decode + batched ops)")
+    ap.add_argument("--loader", type=int, default=0, metavar="W",
+                    help="also time the DataLoader (batches/s, wall clock) at workers=0 against workers=W")
+    return ap
+
+
+def bench_data_main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    from yolofast.data import DataError, check_data
+
+    try:
+        data = check_data(args.data)
+    except (DataError, FileNotFoundError) as e:
+        print(f"yolofast bench data: error: {e}", file=sys.stderr)
+        return 2
+    _one_thread()
+    train = data["train"]
+    engines = {"yolofast": _yolofast_dataset(train, args.imgsz, args.batch, args.cache or False, data["nc"])}
+    if not args.no_ultralytics:
+        u = _ultralytics_dataset(train, args.imgsz, args.batch, args.cache or False, data)
+        if u is None:
+            print("Ultralytics is not importable here: timing yolofast only")
+        else:
+            engines["ultralytics"] = u
+    _one_thread()  # a library may have changed the thread counts at import
+    rates = measure(engines, args.blocks, args.block_size)
+    _print_table(rates, args, data)
+    if args.loader:
+        _loader_table(args, train, data)
+    if args.device:
+        print("\n" + "\n".join(device_table(train, data["nc"], args.imgsz, args.batch, args.device)))
+    return 0
+
+
+def _loader_table(args, train, data):
+    import os
+
+    w = (0, args.loader)
+    lr, cpu = loader_rates(lambda: _yolofast_dataset(train, args.imgsz, args.batch, args.cache or False,
+                                                data["nc"]), args.batch, w, 8, 6)
+    med = {k: statistics.median(v) for k, v in lr.items()}
+    ratios = [b / a for a, b in zip(lr[0], lr[args.loader])]
+    print(f"\nDataLoader batches/s (batch {args.batch}, wall clock, {os.cpu_count()} cores, 6 alternating "
+          f"rounds of 8 batches): workers=0 {med[0]:.2f}, workers={args.loader} {med[args.loader]:.2f}, "
+          f"{statistics.median(ratios):.2f}x (range {min(ratios):.2f}-{max(ratios):.2f}); load average "
+          f"{os.getloadavg()[0]:.1f}")
+    c0, cw = statistics.median(cpu[0]), statistics.median(cpu[args.loader])
+    print(f"CPU seconds per batch, all processes: workers=0 {c0:.3f}, workers={args.loader} {cw:.3f}: on "
+          f"{args.loader} free cores workers={args.loader} would reach ~{args.loader * c0 / cw:.2f}x")
+
+
+def _print_table(rates: dict, args, data) -> None:
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    print(f"\ntraining samples per second per core: {args.data} train ("
+          f"imgsz {args.imgsz}, default training augmentation, cache={args.cache or 'none'}, 1 thread, "
+          f"{args.blocks} alternating blocks of {args.block_size}; CPU: {cpu_name()})")
+    print(f"{'engine':12s} {'median':>8s} {'min':>8s} {'max':>8s}")
+    for k, v in rates.items():
+        print(f"{k:12s} {med[k]:8.1f} {min(v):8.1f} {max(v):8.1f}")
+    if "ultralytics" in med:
+        ratios = [a / b for a, b in zip(rates["yolofast"], rates["ultralytics"])]
+        print(f"yolofast / ultralytics: {statistics.median(ratios):.2f}x (median of per-block ratios; "
+              f"range {min(ratios):.2f}-{max(ratios):.2f})")
+    feed = med["yolofast"] * args.workers
+    print(f"to keep a GPU fed: with workers={args.workers} (one core each) yolofast supplies ~{feed:.0f} "
+          f"images/s; a batch-{args.batch} train step faster than {1000 * args.batch / feed:.1f} ms "
+          f"({feed / args.batch:.1f} steps/s) waits for data")
