@@ -52,3 +52,23 @@ def test_loss_epoch_after_last_batch_and_on_resume(shapes, tmp_path, monkeypatch
     _record(r, events)
     r.train()
     assert events[:len(_expected(3, start=1))] == _expected(3, start=1)
+
+
+def test_schedule_drives_the_e2e_weights():
+    """The schedule on YOLO26's criterion: the weights of §4.4's table, with epochs read at each call."""
+    from yolofast.cfg import get_cfg
+    from yolofast.engine.schedule import Schedule
+    from yolofast.loss import E2EDetectionLoss
+
+    a = get_cfg(epochs=100)
+    s, loss = Schedule(a, nb=10), E2EDetectionLoss(nc=3, epochs=7)  # another E: the schedule sets it
+    table = {0: (0.8, 0.2), 1: (0.792929, 0.207071), 50: (0.446465, 0.553535), 98: (0.107071, 0.892929),
+             99: (0.1, 0.9)}
+    for e, want in table.items():
+        s.loss_epoch(loss, e)
+        assert loss.weights == pytest.approx(want, abs=1e-6)
+    s.loss_epoch(loss, 0)
+    assert loss.weights[1] == 1 - 0.8  # Python floats: 0.19999999999999996, as Ultralytics
+    a.epochs = 300  # a time= run's new estimate reaches the criterion at the next call
+    s.loss_epoch(loss, 150)
+    assert loss.epochs == 300 and loss.weights == pytest.approx((0.448829, 0.551171), abs=1e-6)
