@@ -132,7 +132,7 @@ class Impl:
     ops: object  # torch.ops namespace holding tal_assign, bbox_loss, ema_update
 
     def tal(self, args, topk=10, alpha=0.5, beta=6.0, eps=1e-9):
-        return self.ops.tal_assign(*args, topk, alpha, beta, eps)
+        return self.ops.tal_assign(*args, topk, alpha, beta, eps, 0)  # topk2 0: off
 
     def loss(self, *args):
         if self.name == "emu":

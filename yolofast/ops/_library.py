@@ -35,12 +35,13 @@ def tal_assign(
     alpha: float = 0.5,
     beta: float = 6.0,
     eps: float = 1e-9,
+    topk2: int | None = None,
 ):
     """Compiled ``tal_assign``; same signature and outputs as ``reference.tal_assign_ref``."""
     _ensure_loaded()
     return torch.ops.yolofast.tal_assign(
         pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, int(topk), float(alpha),
-        float(beta), float(eps),
+        float(beta), float(eps), int(topk2 or 0),
     )
 
 
@@ -57,13 +58,14 @@ def tal_assign_maps(
     eps: float = 1e-9,
     reg_max: int = 16,
     dense_scores: bool = True,
+    topk2: int | None = None,
 ):
     """Compiled ``tal_assign`` with the scores read from the head's class logits (sigmoid) in place;
     ``dense_scores=False``: target_scores (B, A), each anchor's one non-zero score (see the op above)."""
     _ensure_loaded()
     return torch.ops.yolofast.tal_assign.maps(
         [f.detach() for f in feats], int(reg_max), pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt,
-        int(topk), float(alpha), float(beta), float(eps), bool(dense_scores),
+        int(topk), float(alpha), float(beta), float(eps), bool(dense_scores), int(topk2 or 0),
     )
 
 

@@ -69,7 +69,7 @@ _lib = torch.library.Library(NAMESPACE, "DEF")
 
 _lib.define(
     "tal_assign(Tensor pd_scores, Tensor pd_bboxes, Tensor anc_points, Tensor gt_labels, Tensor gt_bboxes, "
-    "Tensor mask_gt, int topk, float alpha, float beta, float eps) "
+    "Tensor mask_gt, int topk, float alpha, float beta, float eps, int topk2=0) "
     "-> (Tensor, Tensor, Tensor, Tensor, Tensor)"
 )
 _lib.define(
@@ -94,8 +94,8 @@ _lib.define(
 )
 _lib.define(
     "tal_assign.maps(Tensor[] feats, int reg_max, Tensor pd_bboxes, Tensor anc_points, Tensor gt_labels, "
-    "Tensor gt_bboxes, Tensor mask_gt, int topk, float alpha, float beta, float eps, bool dense_scores=True) "
-    "-> (Tensor, Tensor, Tensor, Tensor, Tensor)"
+    "Tensor gt_bboxes, Tensor mask_gt, int topk, float alpha, float beta, float eps, bool dense_scores=True, "
+    "int topk2=0) -> (Tensor, Tensor, Tensor, Tensor, Tensor)"
 )
 _lib.define("head_decode(Tensor[] feats, float[] strides, int reg_max) -> (Tensor, Tensor)")
 _lib.define("head_decode.boxes(Tensor[] feats, float[] strides, int reg_max) -> Tensor")
@@ -108,7 +108,8 @@ _lib.define("_simd_lanes(Tensor x) -> int")
 
 # ---------------------------------------------------------------------------------------------- fake impls
 @torch.library.register_fake("yolofast::tal_assign", lib=_lib)
-def _tal_assign_fake(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, alpha, beta, eps):
+def _tal_assign_fake(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, alpha, beta, eps,
+                     topk2=0):
     B, A, C = pd_scores.shape
     return (
         pd_scores.new_empty((B, A), dtype=torch.int64),
@@ -121,7 +122,7 @@ def _tal_assign_fake(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mas
 
 @torch.library.register_fake("yolofast::tal_assign.maps", lib=_lib)
 def _tal_assign_maps_fake(feats, reg_max, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, alpha,
-                          beta, eps, dense_scores=True):
+                          beta, eps, dense_scores=True, topk2=0):
     B, no = feats[0].shape[:2]
     A = sum(f.shape[2] * f.shape[3] for f in feats)
     dt = feats[0].dtype
@@ -246,14 +247,14 @@ def _tal_assign_setup(ctx, inputs, output):
 
 
 def _tal_assign_backward(ctx, *grads):
-    return (None,) * 10
+    return (None,) * 11
 
 
 torch.library.register_autograd(
     "yolofast::tal_assign", _tal_assign_backward, setup_context=_tal_assign_setup, lib=_lib
 )
 torch.library.register_autograd(
-    "yolofast::tal_assign.maps", lambda ctx, *grads: (None,) * 12, setup_context=_tal_assign_setup, lib=_lib
+    "yolofast::tal_assign.maps", lambda ctx, *grads: (None,) * 13, setup_context=_tal_assign_setup, lib=_lib
 )
 
 # ------------------------------------------------------------------------------------------------- autocast

@@ -225,11 +225,17 @@ def _second_topk(align: torch.Tensor, fg: torch.Tensor, gt_idx: torch.Tensor, to
 
     A positive has align > 0 and every other entry of the masked metric is 0, so the first topk2 of the
     stable descending sort hold all of a GT's positives when it has at most topk2 (then nothing changes).
+    topk2 = 1 (YOLO26) takes argmax, which returns the first maximum: the same anchor as the stable sort,
+    without sorting B*M rows of A (a (16, 20, 2100) sort ~190 ms vs ~3 ms at one thread, AMD EPYC).
     """
     B, M, A = align.shape
     pos = fg[:, None, :] & (gt_idx[:, None, :] == torch.arange(M, device=align.device)[None, :, None])
+    metric = torch.where(pos, align, 0)
     k2 = min(int(topk2), A)
-    top = torch.sort(torch.where(pos, align, 0), dim=-1, descending=True, stable=True).indices[..., :k2]
+    if k2 == 1:
+        top = metric.argmax(-1, keepdim=True)
+    else:
+        top = torch.sort(metric, dim=-1, descending=True, stable=True).indices[..., :k2]
     kept = torch.zeros_like(pos).scatter_(-1, top, True) & pos
     return kept.any(1)
 
