@@ -177,3 +177,16 @@ def test_csrc_includes_stay_in_csrc():
                 if not any((d / inc).is_file() for d in (path.parent, csrc / "common", csrc)):
                     bad.append(f"{path.relative_to(ROOT)}:{i} includes {inc}, not a file of csrc/")
     assert not bad, "\n".join(bad)
+
+
+def test_no_test_module_imports_another():
+    """Shared inputs and helpers live in helper modules (tests/ops/op_inputs.py, ...), never in a test_*.py
+    that another test module imports (which would run its tests' module code twice and tie the two)."""
+    bad = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            bad += [f"{path.relative_to(ROOT)}:{node.lineno} imports {n}" for n in names
+                    if n.split(".")[-1].startswith("test_")]
+    assert not bad, "test modules importing test modules:\n" + "\n".join(bad)
