@@ -217,3 +217,28 @@ def test_head_maps_layout():
     assert [tuple(m.shape) for m in maps] == [(2, 7, 4, 8), (2, 7, 4, 2)]
     assert torch.equal(maps[1][1, :4, 3, 1], boxes[1, :, 32 + 7])
     assert torch.equal(maps[0][0, 4:, 2, 5], scores[0, :, 21])
+
+
+def test_class_weights_reach_both_branches():
+    """cls_pw (YOLO11_YOLO26.md §4.5) weighs the class loss of both branches: unit weights change nothing,
+    other weights change only the class terms."""
+    plain_total, plain = E2EDetectionLoss(NC)(_rand_preds(), _rand_batch())
+    unit_total, unit = E2EDetectionLoss(NC, class_weights=torch.ones(NC))(_rand_preds(), _rand_batch())
+    torch.testing.assert_close(unit, plain, rtol=1e-5, atol=1e-7)
+    crit = E2EDetectionLoss(NC, class_weights=torch.tensor([0.2, 1.3, 1.5]))
+    _, weighted = crit(_rand_preds(), _rand_batch())
+    assert torch.equal(weighted[[0, 2]], plain[[0, 2]]) and not torch.allclose(weighted[1], plain[1])
+    assert crit.one2many.class_weights is not None and crit.one2one.class_weights is not None
+
+
+def test_autocast_bf16_computes_in_fp32():
+    """Under AMP the head gives bf16 maps; the criterion upcasts them and computes in fp32: the same values
+    as the fp32 computation on the bf16-rounded maps."""
+    preds = {br: [f.detach().to(torch.bfloat16) for f in fs] for br, fs in _rand_preds().items()}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        total, items = E2EDetectionLoss(NC)(preds, _rand_batch())
+    up = {br: [f.float() for f in fs] for br, fs in preds.items()}
+    ref_total, ref_items = E2EDetectionLoss(NC)(up, _rand_batch())
+    assert total.dtype == items.dtype == torch.float32
+    torch.testing.assert_close(items, ref_items, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(total, ref_total, rtol=1e-6, atol=1e-7)

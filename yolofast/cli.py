@@ -42,7 +42,8 @@ commands:
 `yolofast detect train ...` is `yolofast train ...`."""
 
 _VAL_KEYS = ("model", "data", "imgsz", "batch", "conf", "iou", "max_det", "device", "workers", "half",
-             "verbose", "split", "map_convention", "rect", "save_json", "single_cls", "quantize", "plots")
+             "verbose", "split", "map_convention", "rect", "save_json", "single_cls", "quantize", "nms",
+             "plots")
 _SHAPES = ("shapes", "shapes.yaml")
 
 
@@ -217,8 +218,9 @@ def cmd_val(argv) -> int:
 
 _PREDICT_KEYS = ("model", "source", "imgsz", "conf", "iou", "max_det", "classes", "agnostic_nms", "half",
                  "device", "batch", "save", "save_txt", "save_conf", "project", "name", "exist_ok", "verbose",
-                 "line_width", "show_labels", "show_conf")
-_EXPORT_KEYS = ("model", "format", "imgsz", "dynamic", "opset", "half", "simplify", "batch", "device")
+                 "line_width", "show_labels", "show_conf", "nms")
+_EXPORT_KEYS = ("model", "format", "imgsz", "dynamic", "opset", "half", "simplify", "batch", "device", "nms",
+                "max_det")
 _TASKS = ("detect", "segment", "pose", "obb", "classify")
 
 

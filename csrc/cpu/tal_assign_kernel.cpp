@@ -9,6 +9,7 @@
 //      skip the aspect term and the pow of candidates whose CIoU is provably <= 0 or that cannot enter it;
 //   conflicts (count_picks, resolve_conflicts): per anchor selected by >= 2 GTs, the best-overlap candidate
 //      GT among the image's GTs near it (a 16 x 16 cell index of the widened boxes);
+//   second top-k (second_topk, topk2 > 0 only): each GT keeps its topk2 best positives by align;
 //   targets (positive_maxima, write_targets): pos_align / pos_overlap of every GT over its final
 //      positives, then every output element written once (target_scores rows included).
 // Overlaps and aligns are bit-identical to the reference's: same operation order, no FMA contraction, atan
@@ -73,6 +74,7 @@ void assign(const Problem<T, Scores>& pr, const OutPtrs<T>& out) {
   const TopK<T> tk = topk_per_gt(pr, cs, out.scores, n_scores);
   AnchorState<T> st = count_picks(pr, tk);
   resolve_conflicts(pr, cs, st);
+  second_topk(pr, st);
   const PosMax<T> pm = positive_maxima(pr, st);
   write_targets(pr, cs, st, pm, out);
 }
@@ -82,12 +84,12 @@ template <typename T, typename Scores>
 Problem<T, Scores> make_problem(const Scores& score, int64_t B, int64_t A, int64_t C, const at::Tensor& pbox,
                                 const at::Tensor& anc, const at::Tensor& labels, const at::Tensor& gt,
                                 const at::Tensor& real, const at::Tensor& pd_atan, const at::Tensor& gt_atan,
-                                int64_t topk, double alpha, double beta, double eps) {
+                                int64_t topk, int64_t k2, double alpha, double beta, double eps) {
   Problem<T, Scores> pr;
   pr.score = &score;
   pr.B = B, pr.A = A, pr.C = C, pr.M = gt.size(1);
   pr.k = std::min<int64_t>(topk, A);
-  pr.k2 = 0;
+  pr.k2 = k2;
   pr.pbox = pbox.data_ptr<T>();
   pr.anc = anc.data_ptr<T>();
   pr.labels = labels.data_ptr<int64_t>();
@@ -129,7 +131,7 @@ std::vector<int64_t> score_sizes(int64_t B, int64_t A, int64_t C, bool dense_sco
 template <typename MakeScores>
 Outputs run(const MakeScores& make_scores, bool f64, int64_t B, int64_t A, int64_t C, const at::Tensor& pbox,
             const at::Tensor& anc, const at::Tensor& labels, const at::Tensor& gt, const at::Tensor& real,
-            const at::Tensor& gt_bboxes, at::ScalarType out_dtype, int64_t topk, double alpha, double beta,
+            const at::Tensor& gt_bboxes, at::ScalarType out_dtype, int64_t topk, int64_t k2, double alpha, double beta,
             double eps, bool dense_scores = true) {
   const auto ct = f64 ? at::kDouble : at::kFloat;
   auto opts = pbox.options();
@@ -143,8 +145,8 @@ Outputs run(const MakeScores& make_scores, bool f64, int64_t B, int64_t A, int64
   auto go = [&](auto zero) {
     using T = decltype(zero);
     const auto score = make_scores(zero);
-    const auto pr = make_problem<T>(score, B, A, C, pbox, anc, labels, gt, real, pd_atan, gt_atan, topk, alpha,
-                                    beta, eps);
+    const auto pr = make_problem<T>(score, B, A, C, pbox, anc, labels, gt, real, pd_atan, gt_atan, topk, k2,
+                                    alpha, beta, eps);
     assign(pr, OutPtrs<T>{o_lab.data_ptr<int64_t>(), o_box.data_ptr<T>(), o_sc.data_ptr<T>(),
                           o_fg.data_ptr<bool>(), o_idx.data_ptr<int64_t>(), dense_scores});
   };
@@ -169,8 +171,9 @@ Outputs no_gt_slots(int64_t B, int64_t A, int64_t C, const at::Tensor& gt_bboxes
 
 Outputs tal_assign_cpu(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
                        const at::Tensor& gt_labels, const at::Tensor& gt_bboxes, const at::Tensor& mask_gt,
-                       int64_t topk, double alpha, double beta, double eps) {
+                       int64_t topk, double alpha, double beta, double eps, int64_t topk2) {
   yolofast_checks::tal_assign_shapes(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk);
+  const int64_t k2 = yolofast_checks::tal_assign_topk2(topk, topk2);
   const int64_t B = pd_scores.size(0), A = pd_scores.size(1), C = pd_scores.size(2), M = gt_bboxes.size(1);
   if (M == 0) return no_gt_slots(B, A, C, gt_bboxes, pd_scores.scalar_type());
   const auto in =
@@ -181,7 +184,7 @@ Outputs tal_assign_cpu(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes,
     return ProbScores<T>{scores.const_data_ptr<T>(), A, C};
   };
   return run(make, in.f64, B, A, C, in.pbox, in.anc, in.labels, in.gt, in.real, gt_bboxes,
-             pd_scores.scalar_type(), topk, alpha, beta, eps);
+             pd_scores.scalar_type(), topk, k2, alpha, beta, eps);
 }
 
 // tal_assign.maps: the scores are sigmoid(class logits) read from the head's maps in place (see MapLogits);
@@ -190,7 +193,8 @@ Outputs tal_assign_cpu(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes,
 Outputs tal_assign_maps_cpu(at::TensorList feats, int64_t reg_max, const at::Tensor& pd_bboxes,
                             const at::Tensor& anc_points, const at::Tensor& gt_labels, const at::Tensor& gt_bboxes,
                             const at::Tensor& mask_gt, int64_t topk, double alpha, double beta, double eps,
-                            bool dense_scores) {
+                            bool dense_scores, int64_t topk2) {
+  const int64_t k2 = yolofast_checks::tal_assign_topk2(topk, topk2);
   bool maps_f64 = false;
   // No fixed per-bin arrays here: any reg_max >= 2 will do.
   auto maps = yolofast_checks::head_maps(feats, reg_max, std::numeric_limits<int32_t>::max(),
@@ -222,8 +226,8 @@ Outputs tal_assign_maps_cpu(at::TensorList feats, int64_t reg_max, const at::Ten
     }
     return s;
   };
-  return run(make, in.f64, B, A, C, in.pbox, in.anc, in.labels, in.gt, in.real, gt_bboxes, out_dtype, topk, alpha,
-             beta, eps, dense_scores);
+  return run(make, in.f64, B, A, C, in.pbox, in.anc, in.labels, in.gt, in.real, gt_bboxes, out_dtype, topk, k2,
+             alpha, beta, eps, dense_scores);
 }
 
 }  // namespace

@@ -468,6 +468,27 @@ void resolve_conflicts(const Problem<T, S>& pr, const Candidates<T>& cs, AnchorS
     if (st.n_sel[ba] > 0 && !(st.align_of[ba] > T(0))) st.n_sel[ba] = 0;
 }
 
+// ---------------------------------------------------------------------------------------- second top-k
+// YOLO26's one-to-one branch (topk2): after the conflicts, each GT keeps only the k2 of its positives with
+// the largest raw align (ties to the lower anchor index, as the top-k), its own picks and the anchors it
+// won by overlap alike; the others become background. One pass over the anchors with a k2-entry buffer
+// per GT: O(B*A + B*M*k2) time and memory, never (B, M, A).
+template <typename T, typename S>
+void second_topk(const Problem<T, S>& pr, AnchorState<T>& st) {
+  if (pr.k2 <= 0) return;
+  const int64_t BM = pr.B * pr.M, k2 = pr.k2;
+  std::vector<Pick<T>> keep(static_cast<size_t>(BM * k2));
+  std::vector<int64_t> n(BM, 0);
+  for (int64_t ba = 0; ba < pr.B * pr.A; ++ba) {
+    if (st.n_sel[ba] == 0) continue;
+    const int64_t i = (ba / pr.A) * pr.M + st.gt_of[ba];
+    topk_push(keep.data() + i * k2, n[i], k2, Pick<T>{static_cast<int32_t>(ba % pr.A), st.align_of[ba], T(0)});
+    st.n_sel[ba] = 0;  // set again below for the kept ones
+  }
+  for (int64_t i = 0; i < BM; ++i)
+    for (int64_t j = 0; j < n[i]; ++j) st.n_sel[(i / pr.M) * pr.A + keep[i * k2 + j].a] = 1;
+}
+
 // --------------------------------------------------------------------------------------------- targets
 // Per GT over its final positives: the max align and the max overlap.
 template <typename T>

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from test_reference import _ciou_py, _random_scene, assign, close, t64
+from op_inputs import assign, ciou_py, close, small_scene, t64
 
 from yolofast.ops import backend, bbox_loss, bbox_loss_maps, head_decode, tal_assign, tal_assign_maps
 from yolofast.ops.reference import bbox_decode, bbox_loss_ref, tal_assign_ref
@@ -113,7 +113,7 @@ def _assign_loop_topk2(scores, pd, anc, labels, gts, mask, topk, topk2, alpha=0.
                 cx, cy = anc[a].tolist()
                 if cx - x1 > eps and cy - y1 > eps and x2 - cx > eps and y2 - cy > eps:
                     cand[g][a] = True
-                    ov[g][a] = max(_ciou_py(gts[b, g].tolist(), pd[b, a].tolist())[0], 0.0)
+                    ov[g][a] = max(ciou_py(gts[b, g].tolist(), pd[b, a].tolist())[0], 0.0)
                     al[g][a] = scores[b, a, int(labels[b, g, 0])].item() ** alpha * ov[g][a] ** beta
         rank = [sorted(range(A), key=lambda a, g=g: (-al[g][a], a)) for g in range(M)]
         sel = [{a for a in rank[g][:topk] if al[g][a] > 0} for g in range(M)]
@@ -144,7 +144,7 @@ def _assign_loop_topk2(scores, pd, anc, labels, gts, mask, topk, topk2, alpha=0.
 @pytest.mark.parametrize("seed, topk, topk2", [(0, 4, 1), (1, 7, 1), (2, 5, 2), (3, 3, 1)])
 def test_topk2_matches_literal_loop_reading(seed, topk, topk2):
     torch.manual_seed(seed)
-    args = _random_scene(B=2, A=100, C=3, M=6)
+    args = small_scene(B=2, A=100, C=3, M=6)
     labels, boxes, ts, fg, idx = tal_assign_ref(*args, topk=topk, topk2=topk2)
     exp_fg, exp_idx, exp_sc = _assign_loop_topk2(*args, topk=topk, topk2=topk2)
     assert fg.tolist() == exp_fg and idx.tolist() == exp_idx
@@ -160,7 +160,7 @@ def test_topk2_matches_literal_loop_reading(seed, topk, topk2):
 @pytest.mark.parametrize("seed", [0, 1])
 def test_topk2_off_is_the_v8_reference_bit_for_bit(seed):
     torch.manual_seed(seed)
-    args = [a.float() for a in _random_scene(B=2, A=64, C=3, M=5)]
+    args = [a.float() for a in small_scene(B=2, A=64, C=3, M=5)]
     base = tal_assign_ref(*args, topk=6)
     for topk2 in (None, 6):
         for got, exp in zip(tal_assign_ref(*args, topk=6, topk2=topk2), base):
@@ -192,7 +192,7 @@ def test_l1_term_hand_values_with_a_negative_target():
     assert loss.shape == (3,) and loss.dtype == F64
     assert loss[2].item() == pytest.approx(0.15625 * 0.5, rel=1e-12)
     # box term: CIoU of the decoded (1.5, 0.5, 5.5, 6.5) and the target, the same weight
-    ciou = _ciou_py([1.5, 0.5, 5.5, 6.5], [2, 3, 4, 5])[0]
+    ciou = ciou_py([1.5, 0.5, 5.5, 6.5], [2, 3, 4, 5])[0]
     assert loss[0].item() == pytest.approx((1 - ciou) * 0.5, rel=1e-9)
     assert loss[1].item() == pytest.approx(math.log(2) + 0.5 * 0, rel=1e-12)  # BCE(0, .5) = ln 2
     # the image size enters per axis: a square 128 x 128 image halves the y sides' share

@@ -107,7 +107,7 @@ class RunLog:
         row.update(memory_usage(t.device))
         row.update(t.grad_norm.read())
         self.write_row(row)
-        t.results_row = row  # for the loggers after this one (TensorBoard)
+        t.state.results_row = row  # for the loggers after this one (TensorBoard)
         if not self._verbose:
             return
         if t.metrics and (t.args.val or t.epoch + 1 == t.epochs):

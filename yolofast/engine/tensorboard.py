@@ -107,7 +107,7 @@ class TensorBoardLogger:
         if w is None:
             return
         epoch = t.epoch + 1
-        for k, v in getattr(t, "results_row", {}).items():
+        for k, v in t.state.results_row.items():
             if k not in ("epoch", "time") and isinstance(v, (int, float)) and math.isfinite(v):
                 w.add_scalar(k, v, epoch)
         if self._t_epoch is not None:

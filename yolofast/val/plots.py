@@ -119,8 +119,14 @@ def plot_confusion_matrix(cm: ConfusionMatrix, names: dict, path, normalize: boo
     masked = np.ma.masked_where(m == 0, m)
     import matplotlib
 
-    cmap = matplotlib.colormaps["Blues"].with_extremes(bad="white")  # zero cells stay blank
-    im = ax.imshow(masked, cmap=cmap, vmin=0, vmax=1 if normalize else max(m.max(), 1), aspect="equal")
+    # Blues from 20 %: any non-zero cell is visibly blue; zero cells (masked) stay white
+    cmap = matplotlib.colors.ListedColormap(matplotlib.colormaps["Blues"](np.linspace(0.2, 1, 256)))
+    cmap = cmap.with_extremes(bad="white")
+    from matplotlib.colors import Normalize, PowerNorm
+
+    # counts: square-root colours, or one crowded class (COCO's person) leaves every other cell near white
+    norm = Normalize(0, 1) if normalize else PowerNorm(0.5, vmin=0, vmax=max(m.max(), 1))
+    im = ax.imshow(masked, cmap=cmap, norm=norm, aspect="equal")
     fig.colorbar(im, ax=ax, shrink=0.8)
     fs = 10 if n <= 30 else max(5.5, 10 - n / 14)  # 81 labels: 5.5 pt in ~11 pt per tick
     upright = n <= 12 and max(map(len, labels)) <= 10
@@ -132,11 +138,13 @@ def plot_confusion_matrix(cm: ConfusionMatrix, names: dict, path, normalize: boo
             if v:
                 txt = f"{v:.2f}" if normalize else f"{int(v)}"
                 ax.text(j, i, txt, ha="center", va="center", fontsize=7 if n > 15 else 9,
-                        color="white" if v > 0.6 * (1 if normalize else m.max()) else "black")
+                        color="white" if norm(v) > 0.5 else "black")
     ax.set_xlabel("True")
     ax.set_ylabel("Predicted")
     title = "Confusion Matrix" + (" Normalized (columns sum to 1)" if normalize else "")
-    ax.set_title(f"{title}\nconf ≥ {cm.conf:g}, IoU ≥ {cm.iou:g}; diagonal = true positives")
+    n_det, n_gt = int(cm.matrix[:-1].sum()), int(cm.matrix[:, :-1].sum())
+    ax.set_title(f"{title}\nconf ≥ {cm.conf:g}, IoU ≥ {cm.iou:g}: {n_det} detections, {n_gt} labels; "
+                 f"diagonal = true positives")
     fig.savefig(path, dpi=150 if n <= 30 else 120)
     return Path(path)
 
@@ -152,10 +160,14 @@ def _class_lines(ax, x, ys, classes, names, values, fmt):
         ax.plot([], [], linewidth=0.6, color="grey", label=f"{len(classes)} classes, one line each; lowest:")
     show = range(len(classes)) if few else np.argsort(values, kind="stable")[:5]
     for i in show:
-        ax.plot(x, ys[i], linewidth=1 if few else 1.5, label=f"{_name(names, classes[i])} {values[i]:{fmt}}")
+        ax.plot(x, ys[i], linewidth=1 if few else 1.5, color=_rgb(classes[i]),  # as in the images
+                label=f"{_name(names, classes[i])} {values[i]:{fmt}}")
 
 
-def _finish_axes(ax, xlabel, ylabel, title, legend_title=None):
+def _finish_axes(ax, xlabel, ylabel, title, legend_title=None, empty=False):
+    if empty:  # an untrained model or the wrong data: say so instead of leaving a blank plot
+        ax.text(0.5, 0.5, "no true positive at IoU 0.5: every curve is 0", ha="center", va="center",
+                transform=ax.transAxes, fontsize=12, color="dimgrey")
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1.02)
     ax.set_xlabel(xlabel)
@@ -170,10 +182,10 @@ def plot_pr_curve(r: APResult, names: dict, path) -> Path:
     fig = _figure((9, 6))
     ax = fig.subplots()
     _class_lines(ax, REC_THRESHOLDS, r.pr_curve, r.classes, names, r.ap50, ".3f")
-    ax.plot(REC_THRESHOLDS, r.pr_curve.mean(0), linewidth=3, color="blue",
+    ax.plot(REC_THRESHOLDS, r.pr_curve.mean(0), linewidth=3, color="black",  # no class colour is black
             label=f"all classes {r.map50:.3f} mAP@0.5")
     _finish_axes(ax, "Recall", "Precision", "Precision-Recall Curve (IoU 0.5)",
-                 f"AP50 = area under each curve ({r.convention})")
+                 f"AP50 = area under each curve ({r.convention})", empty=not r.pr_curve.any())
     fig.savefig(path, dpi=200)
     return Path(path)
 
@@ -190,11 +202,11 @@ def plot_conf_curve(r: APResult, names: dict, path, kind: str) -> Path:
     else:
         mean = ys.mean(0)
         label = f"all classes {at.mean():.2f} at {r.conf_thr:.3f} (reported)"
-    ax.plot(r.px, mean, linewidth=3, color="blue", label=label)
+    ax.plot(r.px, mean, linewidth=3, color="black", label=label)  # no class colour is black
     ax.axvline(r.conf_thr, color="black", linestyle=":", linewidth=1,
                label="where the reported P, R are read")
     _finish_axes(ax, "Confidence", kind, f"{kind}-Confidence Curve (IoU 0.5)",
-                 f"{kind} at conf {r.conf_thr:.3f}")
+                 f"{kind} at conf {r.conf_thr:.3f}", empty=not r.r_curve.any())
     fig.savefig(path, dpi=200)
     return Path(path)
 
@@ -217,22 +229,28 @@ def plot_curves(r: APResult, names: dict, save_dir) -> dict:
 
 # ----------------------------------------------------------------------------------- labels.jpg
 def plot_labels(cls, boxes, names: dict, path, max_boxes: int = 1000, seed: int = 0) -> Path:
-    """cls (N,), boxes (N, 4) normalized xywh of a data set's labels -> labels.jpg (2 x 2 panels)."""
+    """cls (N,), boxes (N, 4) normalized xywh of a data set's labels -> labels.jpg: instances per class
+    across the top (every class, so a missing one shows), box shapes, centres and sizes below."""
+    from matplotlib.colors import PowerNorm
     from matplotlib.patches import Rectangle
+    from matplotlib.ticker import MaxNLocator
 
     cls = np.asarray(cls, np.int64).ravel()
     boxes = np.asarray(boxes, np.float64).reshape(-1, 4)
     nc = max(len(names), int(cls.max()) + 1 if len(cls) else 1)
-    fig = _figure((10, 10))
-    (a0, a1), (a2, a3) = fig.subplots(2, 2)
+    fig = _figure((15, 10))
+    top, bottom = fig.subfigures(2, 1, height_ratios=[1, 1.15])
+    a0 = top.subplots()
+    a1, a2, a3 = bottom.subplots(1, 3)
     counts = np.bincount(cls, minlength=nc)
     colors = [_rgb(c) for c in range(nc)]
     a0.bar(range(nc), counts, color=colors)
     a0.set_ylabel("instances")
     a0.set_title(f"{len(cls)} instances, {int((counts > 0).sum())} of {nc} classes present")
-    fs = 9 if nc <= 20 else max(4, 9 - nc / 16)
-    a0.set_xticks(range(nc), [_name(names, c) for c in range(nc)], rotation=90, fontsize=fs)
+    fs = 10 if nc <= 20 else max(6, 10 - nc / 20)  # 80 classes: 6 pt, ~12 pt per bar on 15 in
+    a0.set_xticks(range(nc), [_name(names, c) for c in range(nc)], rotation=90 if nc > 8 else 0, fontsize=fs)
     a0.set_xlim(-0.6, nc - 0.4)
+    a0.grid(axis="y", alpha=0.3)
     pick = np.random.default_rng(seed).permutation(len(cls))[:max_boxes]
     for c, (_, _, w, h) in zip(cls[pick], boxes[pick]):
         a1.add_patch(Rectangle((0.5 - w / 2, 0.5 - h / 2), w, h, fill=False, edgecolor=colors[c], alpha=0.4,
@@ -242,10 +260,11 @@ def plot_labels(cls, boxes, names: dict, path, max_boxes: int = 1000, seed: int 
            title=f"box shapes ({len(pick)} of {len(cls)})")
     for ax, (i, j), (xl, yl), title in ((a2, (0, 1), ("x", "y"), "box centres (image coordinates)"),
                                         (a3, (2, 3), ("width", "height"), "box sizes (fraction of image)")):
-        # log colours: a few crowded bins must not hide the rest
+        # square-root colours from 0: a lone box stays visible beside a crowded bin
         *_, im = ax.hist2d(boxes[:, i], boxes[:, j], bins=50, range=[[0, 1], [0, 1]], cmap="Blues",
-                           norm="log", cmin=1)
-        fig.colorbar(im, ax=ax, shrink=0.7, label="boxes per bin")
+                           norm=PowerNorm(0.5, vmin=0), cmin=1)
+        cb = bottom.colorbar(im, ax=ax, shrink=0.6, label="boxes per bin")
+        cb.ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set(xlim=(0, 1), xlabel=xl, ylabel=yl, title=title, aspect="equal")
         ax.set_ylim((1, 0) if i == 0 else (0, 1))  # centres: y grows downwards, as in the image
     fig.savefig(path, dpi=100, pil_kwargs={"quality": 90})

@@ -14,7 +14,7 @@ from tqdm import tqdm
 from yolofast.boxes import xywh2xyxy
 from yolofast.val.coco_json import CocoJson
 from yolofast.val.metrics import IOU_THRESHOLDS, APResult, ap_per_class, check_convention, match_predictions
-from yolofast.val.nms import non_max_suppression
+from yolofast.val.nms import non_max_suppression, topk_filter
 from yolofast.val.results import DetMetrics
 
 LOSS_KEYS = ("val/box_loss", "val/cls_loss", "val/dfl_loss")
@@ -77,9 +77,11 @@ class Validator:
         save_json=None,
         coco_json: str | None = None,
         plot_dir=None,
+        nms: bool | None = None,
     ):
         self.dataloader = dataloader
         self.plot_dir, self.plot_files = plot_dir, {}
+        self.nms = nms  # False: an end2end (YOLO26) model's one-to-one top-k instead of NMS
         self.save_json, self.coco_json = save_json, coco_json
         self.names = dict(enumerate(names)) if isinstance(names, (list, tuple)) else dict(names)
         self.conf = 0.001 if conf is None else conf  # None: Ultralytics' val default
@@ -141,16 +143,20 @@ class Validator:
             if border:
                 img = torch.nn.functional.pad(img, (border,) * 4, value=114 / 255)
             t1 = clock()
+            nms_free = self.nms is False and getattr(model, "end2end", False)
             with self._autocast():
-                feats = model.forward_feats(img)
+                feats, o2o = model.forward_heads(img) if nms_free else (model.forward_feats(img), None)
             feats = [f.float() for f in feats]  # loss and box decoding in fp32 (pixel coords up to 640+)
             t2 = clock()
             if self.loss is not None:
                 items = self.loss(feats, self._targets_to_device(batch))[1]
                 loss_sum += items.detach().float().to(self.device)
             t3 = clock()
-            dets = non_max_suppression(model.decode(feats), self.conf, self.iou, self.max_det,
-                                       multi_label=self.map_convention == "ultralytics")
+            if nms_free:
+                dets = topk_filter(model.decode_one2one(o2o, self.max_det), self.conf, self.max_det)
+            else:
+                dets = non_max_suppression(model.decode(feats), self.conf, self.iou, self.max_det,
+                                           multi_label=self.map_convention == "ultralytics")
             h, w = img.shape[2] - 2 * border, img.shape[3] - 2 * border
             for d, rp, ori in zip(dets, batch.get("ratio_pad") or [None] * len(dets), batch["ori_shape"]):
                 if self.map_convention == "ultralytics":  # clipped to the image, as Ultralytics clips
@@ -313,6 +319,7 @@ def validate(
     single_cls: bool = False,
     quantize=None,
     plots: bool = False,
+    nms: bool | None = None,
 ) -> DetMetrics:
     """Validate a model or checkpoint on the ``val`` split of a data yaml (``yolofast val``).
 
@@ -324,6 +331,8 @@ def validate(
     quantize: 16 / "fp16" runs under autocast (as ``half=True``), 32 / "fp32" in fp32.
     plots: write the pictures (``yolofast/val/plots.py``) beside ``save_json``'s file, else into
     ``runs/detect/val*`` (``yolofast val`` does by default).
+    nms: None (default) NMS on the one-to-many head; False: a YOLO26 model's one-to-one top-k, no NMS.
+    max_det: left at 300, it is raised to the largest number of labels in one image when that is larger.
     """
     from yolofast.cfg import quantize_half
 
@@ -337,16 +346,12 @@ def validate(
     label_nc = info["nc"]
     if single_cls:
         info = {**info, "nc": 1, "names": {0: "item"}}
-    model_nc = getattr(model, "nc", None)
-    if model_nc is not None and int(model_nc) != int(info["nc"]):
-        raise ValueError(
-            f"validate: the model predicts {model_nc} classes but data '{data}' has nc={info['nc']}; "
-            "validate with the data set the model was trained on"
-        )
+    _check_classes(model, info, data)
     stride = int(max(getattr(model, "stride", torch.tensor([32.0])).max().item(), 32))
     rect = rect or map_convention == "ultralytics"
     dataset = build_dataset(info["val"], imgsz=imgsz, augment=False, stride=stride, prefix="val: ",
                             nc=label_nc, single_cls=single_cls, rect=rect, batch_size=batch, pad=0.5)
+    max_det = raise_max_det(max_det, dataset.labels)
     if save_json is True:
         from yolofast.engine.trainer import increment_path
 
@@ -366,11 +371,21 @@ def validate(
         save_json=save_json or None,
         coco_json=info.get("coco_json"),
         plot_dir=_plot_dir(save_json) if plots else None,
+        nms=nms,
     )
     values = validator(model)
     if validator.plot_files and verbose:
         print(f"Plots saved to {validator.plot_dir}")
     return DetMetrics(values, validator.result, int(info["nc"]), validator.speed)
+
+
+def _check_classes(model, info: dict, data) -> None:
+    model_nc = getattr(model, "nc", None)
+    if model_nc is not None and int(model_nc) != int(info["nc"]):
+        raise ValueError(
+            f"validate: the model predicts {model_nc} classes but data '{data}' has nc={info['nc']}; "
+            "validate with the data set the model was trained on"
+        )
 
 
 def _plot_dir(save_json) -> Path:
@@ -380,3 +395,16 @@ def _plot_dir(save_json) -> Path:
     from yolofast.engine.trainer import increment_path
 
     return increment_path(Path("runs/detect/val"))
+
+
+def raise_max_det(max_det: int, *label_lists) -> int:
+    """``max_det`` at its default 300 is raised to the largest label count of one image (a warning says
+    so), as Ultralytics 8.4 does, so that crowded images can reach full recall; other values are kept."""
+    most = max((len(lb["cls"]) for labels in label_lists for lb in labels), default=0)
+    if max_det == 300 and most > max_det:
+        import logging
+
+        logging.getLogger("yolofast").warning(f"max_det=300 but an image has {most} labels; using "
+                                              f"max_det={most}")
+        return most
+    return max_det
