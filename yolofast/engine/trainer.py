@@ -346,6 +346,10 @@ class Trainer:
         self.optimizer, self.optimizer_auto, self.momentum, self.warmup_bias_lr = optim.recipe_optimizer(
             self.step_model, a, len(self.train_loader.dataset), self.accumulate, self.data["nc"],
             resumed_auto, extra=optimizer_kwargs if graph_why == [] else None, log=self.log)
+        if self.optimizer_auto and is_main_process():  # args.yaml says what auto chose, as train_args do
+            with open(self.save_dir / "args.yaml", "w", encoding="utf-8") as f:
+                yaml.safe_dump({k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()}, f,
+                               sort_keys=False)
         self.lf = optim.lr_lambda(self.epochs, a.lrf, a.cos_lr)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda=self.lf)
         self.nb = nb
@@ -403,7 +407,8 @@ class Trainer:
                     targets = [g["initial_lr"] * self.lf(epoch) for g in opt.param_groups]
                     lrs, mom, self.accumulate = optim.warmup_values(
                         ni, self.nw, lr_targets=targets, bias_lr0=self.warmup_bias_lr,
-                        momentum0=a.warmup_momentum, momentum=self.momentum, nbs=a.nbs, batch=a.batch)
+                        momentum0=a.warmup_momentum, momentum=self.momentum, nbs=a.nbs, batch=a.batch,
+                        tags=[g.get("param_group") for g in opt.param_groups])
                     for g, lr in zip(opt.param_groups, lrs):
                         optim.set_group_value(g, "lr", lr)
                         if "momentum" in g:  # SGD/RMSProp only; Adam's beta1 stays `momentum`

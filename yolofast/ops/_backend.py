@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-OPS = ("tal_assign", "bbox_loss", "ema_update")
+OPS = ("tal_assign", "bbox_loss", "ema_update", "ns_orthogonalize")
 BACKENDS = ("ref", "cpp", "cuda", "triton")
 _PREFERENCE = {"cuda": ("cuda", "triton", "ref"), "cpu": ("cpp", "ref")}
 
