@@ -116,19 +116,32 @@ class MuSGD(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        work = []
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
-            if not params:
-                continue
-            grads = [p.grad for p in params]
-            first, second = self._buffers(group, params)
-            lr, mu = group["lr"], group["momentum"]
+            if params:
+                work.append((group, params, [p.grad for p in params], *self._buffers(group, params)))
+        # Every Muon matrix of every group in one Newton–Schulz call: shapes shared across groups (the x3
+        # class branches repeat the box branches' shapes) batch together. Groups are disjoint, so the
+        # order of their updates does not change any value.
+        muon = [w for w in work if w[0]["use_muon"]]
+        if muon:
+            looks = [_momentum_look(w[2], w[3], w[0]["momentum"], w[0]["nesterov"]) for w in muon]
+            flat = ns_orthogonalize([u for lk in looks for u in lk], fp32=self.ns_dtype == torch.float32)
+            start = 0
+            for (group, params, grads, _, _), lk in zip(muon, looks):
+                out = flat[start:start + len(lk)]
+                start += len(lk)
+                for o, g in zip(out, grads):
+                    if (sig := muon_sigma(g.shape)) != 1.0:  # never for YOLO: every conv kernel is square
+                        o.mul_(sig)
+                _add_scaled(params, out, group["lr"], self.muon)
+        for group, params, grads, first, second in work:
+            lr, mu, nesterov, decay = group["lr"], group["momentum"], group["nesterov"], group["weight_decay"]
             if group["use_muon"]:
-                updates = _muon_updates(grads, first, mu, group["nesterov"], self.ns_dtype)
-                _add_scaled(params, updates, lr, self.muon)
-                _sgd(params, grads, second, lr, mu, group["weight_decay"], group["nesterov"], self.sgd)
+                _sgd(params, grads, second, lr, mu, decay, nesterov, self.sgd)
             else:
-                _sgd(params, grads, first, lr, mu, group["weight_decay"], group["nesterov"], 1.0)
+                _sgd(params, grads, first, lr, mu, decay, nesterov, 1.0)
         return loss
 
 
@@ -140,21 +153,15 @@ def _add_scaled(params: list[Tensor], updates: list[Tensor], lr, weight: float) 
         torch._foreach_add_(params, updates, alpha=-(lr * weight))
 
 
-def _muon_updates(grads, bufs, mu: float, nesterov: bool, ns_dtype) -> list[Tensor]:
-    """σ·NS5(mat(U)) with M ← μM + (1 − μ)g and U its Nesterov look-ahead (or M)."""
+def _momentum_look(grads, bufs, mu: float, nesterov: bool) -> list[Tensor]:
+    """M ← μM + (1 − μ)g in place; returns U = μM + (1 − μ)g (Nesterov) or M."""
     torch._foreach_mul_(bufs, mu)
     torch._foreach_add_(bufs, grads, alpha=1 - mu)
-    if nesterov:
-        look = torch._foreach_mul(bufs, mu)
-        torch._foreach_add_(look, grads, alpha=1 - mu)
-    else:
-        look = bufs
-    out = ns_orthogonalize(look, fp32=ns_dtype == torch.float32)
-    scaled = [(o, s) for o, g in zip(out, grads) if (s := muon_sigma(g.shape)) != 1.0]
-    if scaled:  # never for the YOLO models: every conv kernel is square
-        for o, s in scaled:
-            o.mul_(s)
-    return out
+    if not nesterov:
+        return list(bufs)
+    look = torch._foreach_mul(bufs, mu)
+    torch._foreach_add_(look, grads, alpha=1 - mu)
+    return look
 
 
 def _sgd(params, grads, bufs, lr, mu: float, decay: float, nesterov: bool, weight: float) -> None:
