@@ -3,7 +3,8 @@
     PYTHONPATH=. ~/ultra-venv/bin/python benchmarks/bench_musgd.py          # with Ultralytics' MuSGD
     python benchmarks/bench_musgd.py --models yolo26n --threads 1 --rounds 5
 
-Per model and thread count: one MuSGD step with the fused op (cpp), the matrix-by-matrix reference (ref),
+Per model and thread count (times are this process's CPU time, all threads summed, so that other jobs on a
+shared machine do not count): one MuSGD step with the fused op (cpp), the matrix-by-matrix reference (ref),
 Ultralytics' MuSGD (where importable) and the step's Newton–Schulz matmuls alone as plain torch.bmm
 (bmm_floor); the fp32 mode (for CPUs without native bf16) against the fp32 matmuls alone; and the ops a step
 dispatches (TorchDispatchMode; the fused op's internal matmuls are its own, so counted once).
@@ -55,9 +56,9 @@ def measure(model: str, threads: int, rounds: int) -> dict:
     times = {k: [] for k in fns}
     for _ in range(rounds):
         for k, fn in fns.items():
-            t = time.perf_counter()
+            t = time.process_time()  # CPU time: a shared machine's other jobs do not count
             fn()
-            times[k].append(time.perf_counter() - t)
+            times[k].append(time.process_time() - t)
     return {k: statistics.median(v) for k, v in times.items()}
 
 
