@@ -46,9 +46,9 @@ def get_impl(impl: str):
     ok, why = _build.extension_status("cpp")
     if not ok:
         pytest.skip(f"C++ extension unavailable: {why}")
-    from yolofast.ops import _library
+    from yolofast.ops import _backend
 
-    return _library.bbox_loss
+    return _backend.implementation("bbox_loss", "cpp")
 
 
 @pytest.mark.parametrize("impl", ["ref", "cpp"])

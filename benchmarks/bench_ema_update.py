@@ -51,9 +51,9 @@ def _cpp():
     ok, why = _build.extension_status("cpp")
     if not ok:
         pytest.skip(f"C++ extension unavailable: {why}")
-    from yolofast.ops import _library
+    from yolofast.ops import _backend
 
-    return _library.ema_update
+    return _backend.implementation("ema_update", "cpp")
 
 
 @pytest.mark.parametrize("variant", ["foreach_lerp", "copy", "ref", "cpp"])

@@ -139,7 +139,7 @@ def loss_args(sc: dict, assigned: tuple) -> tuple:
 # ---------------------------------------------------------------------------------------------- backends
 def implementations(op: str, device_type: str) -> list[tuple[str, object, str]]:
     """(backend, callable or None, note) for ``op`` on ``device_type``: ref, then the fused ones."""
-    from yolofast.ops import _backend, reference
+    from yolofast.ops import _backend
 
     # on the CPU (--dry-run) the GPU backends still get their "n/a: why" rows
     names = ["ref", "cuda", "triton"] if device_type == "cuda" else ["ref", "cpp", "cuda", "triton"]
@@ -152,17 +152,7 @@ def implementations(op: str, device_type: str) -> list[tuple[str, object, str]]:
         if not ok:
             out.append((name, None, why))
             continue
-        if name == "ref":
-            fn = getattr(reference, f"{op}_ref")
-        elif name in ("cpp", "cuda"):
-            from yolofast.ops import _library
-
-            fn = getattr(_library, op)
-        else:
-            import importlib
-
-            fn = getattr(importlib.import_module(f"yolofast.kernels.{op}"), op)
-        out.append((name, fn, why))
+        out.append((name, _backend.implementation(op, name), why))
     return out
 
 

@@ -7,8 +7,9 @@
 #   5. times each op -- CUDA vs Triton vs reference, B=16/64, 640 px, 80 classes, 50/1000 GT/img -- and
 #      prints one table, also written to $OUT/gpu_table.md (benchmarks/results/ when $OUT is unset),
 #   6. times the whole yolov8n train step at 640 px batch 64: eager bf16 vs its CUDA graph (images/s), and
-#      Ultralytics' step beside them when its wheel was carried in .whl/ (benchmarks/fetch_gpu_wheels.sh).
-# Each step has its own time limit (90 + 130 + 80 + 120 + 60 s) so that the whole run stays under 8 minutes even
+#      Ultralytics' step beside them when its wheel was carried in .whl/ (benchmarks/fetch_gpu_wheels.sh),
+#   7. the data loader: augment_device's CUDA tests and table (nvJPEG + batched ops vs the CPU path).
+# Each step has its own time limit (90 + 130 + 80 + 120 + 60 + 45 + 60 s) so that the whole run stays under 10 minutes even
 # when a step hangs; a failing step is reported and the next one still runs. Exit status: 0 when every
 # step passed, else the number of failed steps.
 #
@@ -109,6 +110,15 @@ YOLO_OFFLINE=1 timeout 60 "$PY" benchmarks/bench_train_step.py bf16_cl graph_bf1
   --rounds 10 --warmup 2 \
   2>&1 | tee "$RESULTS/gpu_train_step.txt"
 record "train step ($RESULTS/gpu_train_step.txt)" "${PIPESTATUS[0]}"
+
+step "data loader: augment_device on the GPU (nvJPEG + batched ops) vs the CPU path"
+DATA_YAML=../shared/data/coco128/coco128.yaml
+[ -f "$DATA_YAML" ] || DATA_YAML=shapes  # the built-in synthetic set (256 px JPEGs) when coco128 is absent
+timeout 45 "$PY" -m pytest -q -m cuda tests/data -p no:cacheprovider 2>&1 | tail -3
+record "data CUDA tests" "${PIPESTATUS[0]}"
+timeout 60 "$PY" benchmarks/bench_data.py --data "$DATA_YAML" --no-ultralytics --blocks 2 --block-size 32 \
+  --batch 32 --device cuda:0 2>&1 | tee "$RESULTS/gpu_loader.md"
+record "loader table ($RESULTS/gpu_loader.md)" "${PIPESTATUS[0]}"
 
 step "summary"
 printf '%s\n' "${SUMMARY[@]}"

@@ -43,7 +43,7 @@ def triton_status(op: str) -> tuple[bool, str]:
         importlib.import_module(f"{__name__}.{op}")
     except Exception as e:
         return False, f"yolofast/kernels/{op}.py failed to import: {type(e).__name__}: {e}"
-    from yolofast.kernels import _common
+    from . import _common
 
     now = os.environ.get("TRITON_INTERPRET") == "1"
     if now != _common.INTERPRET:

@@ -13,20 +13,18 @@ Backward only scales the stored gradients by the incoming gradient / S (nothing 
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
-from yolofast.kernels import _common
-from yolofast.ops import _bbox_loss_grad
+from . import _bbox_loss_grad, _common
+from ._constants import CIOU_EPS, FOUR_OVER_PI2
 
 BLOCK_A = 256 if _common.INTERPRET else 32  # the interpreter runs programs one by one: fewer, larger ones
 BLOCK_R = 1024  # partial sums added per step of the reduction
-_K = tl.constexpr(4.0 / math.pi**2)
-_EPS = tl.constexpr(1e-7)  # CIoU's eps (reference.bbox_ciou)
+_K = tl.constexpr(FOUR_OVER_PI2)
+_EPS = tl.constexpr(CIOU_EPS)
 
 
 @triton.jit

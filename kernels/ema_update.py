@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from yolofast.kernels import _common
+from . import _common
 
 # 4096 elements x (2 loads + 1 store) per program: long enough runs for full-bandwidth vector accesses;
 # the interpreter runs programs one by one, so there a larger block means fewer Python-level iterations.

@@ -30,8 +30,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from yolofast.kernels import _common
-from yolofast.ops.reference import SMALL_GT_SIDE
+from . import _common
+from ._constants import CIOU_EPS, FOUR_OVER_PI2, SMALL_GT_SIDE
 
 L_MAX = 8  # pyramid levels the grid table holds (YOLOv8 uses 3); more -> the all-anchor scan
 BLOCK_SCAN = 2048 if _common.INTERPRET else 128  # anchors per tile of a GT's rectangle
@@ -39,8 +39,8 @@ BLOCK_A = 512 if _common.INTERPRET else 128  # anchors per program of the per-an
 # classes per step of the target_scores write: 128 x 32 values per step keeps a GPU program at 32 per thread
 WRITE_BLOCK_C = 128 if _common.INTERPRET else 32
 BLOCK_GRID = 1024
-_CIOU_EPS = tl.constexpr(1e-7)
-_K = tl.constexpr(4.0 / 3.141592653589793**2)
+_CIOU_EPS = tl.constexpr(CIOU_EPS)
+_K = tl.constexpr(FOUR_OVER_PI2)
 _SIDE = tl.constexpr(SMALL_GT_SIDE)
 _HALF_SIDE = tl.constexpr(SMALL_GT_SIDE / 2)
 # Reductions in the hot loop call tl.reduce with Triton's own combine functions: the interpreter maps
@@ -368,6 +368,7 @@ def _tal_resolve_kernel(
     F64: tl.constexpr,
     USE_LIB: tl.constexpr,
     BLOCK: tl.constexpr,
+    DEFER: tl.constexpr = False,
 ):
     if F64:
         CT: tl.constexpr = tl.float64
@@ -402,9 +403,67 @@ def _tal_resolve_kernel(
     tl.store(tgi_ptr + row, tl.where(fg, gt, 0).to(tl.int64), mask=m)
     tl.store(sel_al_ptr + row, tl.where(fg, al, 0.0), mask=m)
     tl.store(sel_ov_ptr + row, tl.where(fg, ov, 0.0), mask=m)
-    bgt = b.to(tl.int64) * M + gt
-    tl.atomic_max(pal_ptr + bgt, _float_bits(al, F64), mask=fg)
-    tl.atomic_max(pov_ptr + bgt, _float_bits(ov, F64), mask=fg)
+    if not DEFER:  # DEFER: a second top-k follows and takes the maxima over the positives it keeps
+        bgt = b.to(tl.int64) * M + gt
+        tl.atomic_max(pal_ptr + bgt, _float_bits(al, F64), mask=fg)
+        tl.atomic_max(pov_ptr + bgt, _float_bits(ov, F64), mask=fg)
+
+
+# ---------------------------------------------------------------------------------------- second top-k
+@triton.jit
+def _kept_before(t2a_ptr, bg, BM, r, a, m):
+    """Whether anchor a is among the picks of rounds [0, r) of GT slot bg."""
+    kept = a < 0
+    for j in range(0, r):
+        kept = kept | (tl.load(t2a_ptr + bg + j * BM, mask=m, other=-1) == a)
+    return kept
+
+
+@triton.jit
+def _tal_topk2_round_kernel(
+    fg_ptr, tgi_ptr, sel_al_ptr, t2al_ptr, t2a_ptr, A, M, BM, r, STEP: tl.constexpr, F64: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Round r of YOLO26's topk2 (spec §4.3 step 4b): each GT's r-th best positive by raw align among those
+    not yet kept, its own picks and anchors won by overlap alike. STEP 0: the max align bits; STEP 1: the
+    lowest anchor with them (ties to the lower anchor index). Integer atomics: order-independent."""
+    b = tl.program_id(1)
+    a = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = a < A
+    row = b.to(tl.int64) * A + a
+    fg = tl.load(fg_ptr + row, mask=m, other=0) != 0
+    bg = b.to(tl.int64) * M + tl.load(tgi_ptr + row, mask=fg, other=0)
+    live = fg & ~_kept_before(t2a_ptr, bg, BM, r, a, fg)
+    bits = _float_bits(tl.load(sel_al_ptr + row, mask=live, other=0.0), F64)
+    slot = bg + r * BM
+    if STEP == 0:
+        tl.atomic_max(t2al_ptr + slot, bits, mask=live)
+    else:
+        hit = live & (tl.load(t2al_ptr + slot, mask=live, other=-1) == bits)
+        tl.atomic_min(t2a_ptr + slot, a, mask=hit)
+
+
+@triton.jit
+def _tal_topk2_keep_kernel(
+    fg_ptr, tgi_ptr, sel_al_ptr, sel_ov_ptr, t2a_ptr, pal_ptr, pov_ptr, A, M, BM, K2, F64: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """The positives no round kept become background; the kept ones give their GT's pos_align/overlap."""
+    b = tl.program_id(1)
+    a = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = a < A
+    row = b.to(tl.int64) * A + a
+    fg = tl.load(fg_ptr + row, mask=m, other=0) != 0
+    tgi = tl.load(tgi_ptr + row, mask=fg, other=0)
+    bg = b.to(tl.int64) * M + tgi
+    kept = fg & _kept_before(t2a_ptr, bg, BM, K2, a, fg)
+    al = tl.load(sel_al_ptr + row, mask=fg, other=0.0)
+    ov = tl.load(sel_ov_ptr + row, mask=fg, other=0.0)
+    tl.store(fg_ptr + row, kept, mask=fg)
+    tl.store(tgi_ptr + row, tl.where(kept, tgi, 0), mask=fg)
+    tl.store(sel_al_ptr + row, tl.where(kept, al, 0.0), mask=fg)
+    tl.atomic_max(pal_ptr + bg, _float_bits(al, F64), mask=kept)
+    tl.atomic_max(pov_ptr + bg, _float_bits(ov, F64), mask=kept)
 
 
 # ----------------------------------------------------------------------------------------------- write
@@ -501,8 +560,12 @@ def _tal_assign_op(
     alpha: float,
     beta: float,
     eps: float,
+    topk2: int = 0,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     _check(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt)
+    if topk2 < 0:
+        raise ValueError(f"tal_assign: topk2 must be >= 0 (0: no second top-k), got {topk2}")
+    k2 = topk2 if topk2 != topk else 0  # applies only when it differs from topk (spec §4.3)
     B, A, C = pd_scores.shape
     M = gt_bboxes.shape[1]
     if M == 0 or B * A == 0 or C == 0:
@@ -561,8 +624,10 @@ def _tal_assign_op(
     grid_a = (triton.cdiv(A, BLOCK_A), B)
     res_args = (scores, labc, cnt, owner, best, bestg, sel_al, sel_ov, fg, tgi, pal, pov)
     _common.launch(_tal_resolve_kernel)[grid_a](
-        *res_args, A, C, M, **metric, BLOCK=BLOCK_A, num_warps=4, **exact
+        *res_args, A, C, M, **metric, BLOCK=BLOCK_A, DEFER=k2 > 0, num_warps=4, **exact
     )
+    if k2 > 0:
+        _second_topk(grid_a, fg, tgi, sel_al, sel_ov, pal, pov, A, M, B, k2, f64, exact)
     wr_args = (fg, tgi, sel_al, sel_ov, pal, pov, labels, gt_bboxes.contiguous())
     outs = (target_labels, target_bboxes, target_scores)
     block_c = min(_common.next_pow2(C), WRITE_BLOCK_C)
@@ -582,6 +647,21 @@ def _tal_assign_op(
     return target_labels, target_bboxes, target_scores, fg, tgi
 
 
+def _second_topk(grid_a, fg, tgi, sel_al, sel_ov, pal, pov, A, M, B, k2, f64, exact) -> None:
+    """YOLO26's topk2 after the conflicts: k2 rounds over the anchors, slots O(B*M*k2), never (B, M, A)."""
+    BM = B * M
+    t2al = torch.zeros((k2, B, M), dtype=torch.int64, device=fg.device)
+    t2a = torch.full((k2, B, M), 2147483647, dtype=torch.int32, device=fg.device)
+    rnd = _common.launch(_tal_topk2_round_kernel)[grid_a]
+    kw = dict(F64=f64, BLOCK=BLOCK_A, num_warps=4, **exact)
+    for r in range(k2):
+        for step in (0, 1):
+            rnd(fg, tgi, sel_al, t2al, t2a, A, M, BM, r, STEP=step, **kw)
+    _common.launch(_tal_topk2_keep_kernel)[grid_a](
+        fg, tgi, sel_al, sel_ov, t2a, pal, pov, A, M, BM, k2, F64=f64, BLOCK=BLOCK_A, num_warps=4, **exact
+    )
+
+
 def tal_assign(
     pd_scores: Tensor,
     pd_bboxes: Tensor,
@@ -593,6 +673,7 @@ def tal_assign(
     alpha: float = 0.5,
     beta: float = 6.0,
     eps: float = 1e-9,
+    topk2: int | None = None,
 ):
     """Task-aligned assignment, same arguments and outputs as ``reference.tal_assign_ref``:
     (target_labels (B,A) int64, target_bboxes (B,A,4), target_scores (B,A,C), fg_mask (B,A) bool,
@@ -609,6 +690,7 @@ def tal_assign(
             float(alpha),
             float(beta),
             float(eps),
+            int(topk2 or 0),
         )
 
 

@@ -117,7 +117,7 @@ def test_user_module_left_untouched_and_train_runs_after(shapes, tmp_path):
     t = Trainer(data=shapes, project=tmp_path, name="m", epochs=1, **{**FAST, "model": module})
     assert t.doctor(steps=3).section("overfit").data["steps"] == 3
     assert all(torch.equal(before[k], v) for k, v in module.state_dict().items())
-    assert not hasattr(t, "model")  # what the doctor borrowed is handed back: train() sets up its own
+    assert t.model is None  # what the doctor borrowed is handed back: train() sets up its own
     assert "fitness" in t.train()
     assert (tmp_path / "m" / "doctor.txt").is_file() and (tmp_path / "m" / "weights" / "last.pt").is_file()
 

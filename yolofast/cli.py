@@ -42,7 +42,8 @@ commands:
 `yolofast detect train ...` is `yolofast train ...`."""
 
 _VAL_KEYS = ("model", "data", "imgsz", "batch", "conf", "iou", "max_det", "device", "workers", "half",
-             "verbose", "split", "map_convention", "rect", "save_json", "single_cls", "quantize")
+             "verbose", "split", "map_convention", "rect", "save_json", "single_cls", "quantize", "nms",
+             "plots")
 _SHAPES = ("shapes", "shapes.yaml")
 
 
@@ -183,7 +184,8 @@ def cmd_doctor(argv) -> int:
 def cmd_val(argv) -> int:
     if any(a in ("-h", "--help", "help") for a in argv):
         print("usage: yolofast val model=path/best.pt [data=...] [imgsz=...] [batch=16] [conf=0.001] "
-              "[iou=0.7] [max_det=300] [device=...] [workers=0] [half=False] [map_convention=coco]\n"
+              "[iou=0.7] [max_det=300] [device=...] [workers=0] [half=False] [map_convention=coco] "
+              "[plots=True]\n"
               "map_convention=ultralytics reproduces Ultralytics 8.4's val numbers (coco: pycocotools').\n"
               "data and imgsz default to the ones the checkpoint was trained with.")
         return 0
@@ -208,6 +210,7 @@ def cmd_val(argv) -> int:
     from yolofast.engine.trainer import select_device
 
     args["device"] = select_device(args.get("device"))
+    args.setdefault("plots", DEFAULTS["plots"])  # pictures into runs/detect/val*, as Ultralytics' val
     metrics = validate(ckpt, data, **args)
     print(" ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, float)))
     return 0
@@ -215,8 +218,9 @@ def cmd_val(argv) -> int:
 
 _PREDICT_KEYS = ("model", "source", "imgsz", "conf", "iou", "max_det", "classes", "agnostic_nms", "half",
                  "device", "batch", "save", "save_txt", "save_conf", "project", "name", "exist_ok", "verbose",
-                 "line_width", "show_labels", "show_conf")
-_EXPORT_KEYS = ("model", "format", "imgsz", "dynamic", "opset", "half", "simplify", "batch", "device")
+                 "line_width", "show_labels", "show_conf", "nms")
+_EXPORT_KEYS = ("model", "format", "imgsz", "dynamic", "opset", "half", "simplify", "batch", "device", "nms",
+                "max_det")
 _TASKS = ("detect", "segment", "pose", "obb", "classify")
 
 

@@ -60,6 +60,8 @@ def head_maps(preds) -> list:
     A), "feats": [maps whose sizes give the levels]}`` (split along A level by level, one copy)."""
     if not isinstance(preds, dict):
         return list(preds)
+    if "maps" in preds:  # yolofast's head keeps its per-level maps beside the flat views: no copy needed
+        return list(preds["maps"])
     missing = {"boxes", "scores", "feats"} - set(preds)
     if missing:
         raise KeyError(f"head_maps: a head output dict needs boxes, scores and feats; "
@@ -311,3 +313,25 @@ class E2EDetectionLoss:
     def __call__(self, preds, batch: dict):
         vec, items = self.vector(preds, batch)
         return vec.sum(), items
+
+
+def criterion_for(model, box: float | None = None, cls: float | None = None, dfl: float | None = None,
+                  epochs: int | None = None, class_weights: torch.Tensor | None = None):
+    """The training criterion of a detection model's family: ``E2EDetectionLoss`` for an end-to-end head
+    (YOLO26, ``model.end2end``), ``DetectionLoss`` otherwise (YOLOv8, YOLO11); nc, reg_max and strides from
+    the model. Gains and epochs not given are read from ``model.args`` (a dict or namespace, as Ultralytics
+    keeps the recipe there) when it has them, else the defaults (7.5, 0.5, 1.5, 100 epochs)."""
+    args = getattr(model, "args", None)
+
+    def arg(name, given, default):
+        if given is not None:
+            return given
+        found = args.get(name) if isinstance(args, dict) else getattr(args, name, None)
+        return default if found is None else found
+
+    common = dict(reg_max=getattr(model, "reg_max", 16), strides=tuple(float(s) for s in model.stride),
+                  box=arg("box", box, 7.5), cls=arg("cls", cls, 0.5), dfl=arg("dfl", dfl, 1.5),
+                  class_weights=class_weights)
+    if getattr(model, "end2end", False):
+        return E2EDetectionLoss(model.nc, epochs=arg("epochs", epochs, 100), **common)
+    return DetectionLoss(model.nc, **common)

@@ -38,6 +38,13 @@ inline void tal_assign_shapes(const at::Tensor& pd_scores, const at::Tensor& pd_
               "tal_assign: pd_scores must be floating point (sigmoid scores), got ", pd_scores.scalar_type());
 }
 
+// The second top-k of YOLO26's one-to-one branch (topk2, spec §4.3): 0 = off. It applies only when it
+// differs from topk (Ultralytics' rule), so topk2 == topk is off too; returns the k2 the kernels use.
+inline int64_t tal_assign_topk2(int64_t topk, int64_t topk2) {
+  TORCH_CHECK(topk2 >= 0, "tal_assign: topk2 must be >= 0 (0: no second top-k), got ", topk2);
+  return topk2 != topk ? topk2 : 0;
+}
+
 // Shapes and dtypes of bbox_loss's inputs (DESIGN §2.2); reg_max must fit the kernels' fixed arrays.
 inline void bbox_loss_shapes(const at::Tensor& pred_dist, const at::Tensor& pred_scores,
                              const at::Tensor& anchor_points, const at::Tensor& target_bboxes,

@@ -21,6 +21,7 @@ constexpr int kTalMaxTopk = 1024;  // the per-GT top-k buffer lives in shared me
 
 struct TalShape {
   int64_t B, A, C, M, k;  // k = min(topk, A) >= 0
+  int64_t k2;             // the second top-k (YOLO26's topk2), 0 = off
   double alpha, beta, eps;
 };
 

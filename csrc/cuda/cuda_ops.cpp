@@ -60,8 +60,11 @@ void tal_check_shapes(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, 
 
 Outputs5 tal_assign_cuda(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
                          const at::Tensor& gt_labels, const at::Tensor& gt_bboxes, const at::Tensor& mask_gt,
-                         int64_t topk, double alpha, double beta, double eps) {
+                         int64_t topk, double alpha, double beta, double eps, int64_t topk2) {
   tal_check_shapes(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk);
+  const int64_t k2 = yolofast_checks::tal_assign_topk2(topk, topk2);
+  TORCH_CHECK(k2 <= kTalMaxTopk, "tal_assign (CUDA): topk2 must be <= ", kTalMaxTopk, " (one pass each), got ",
+              topk2);
   check_device(pd_scores,
                {{"pd_bboxes", &pd_bboxes}, {"anc_points", &anc_points}, {"gt_labels", &gt_labels},
                 {"gt_bboxes", &gt_bboxes}, {"mask_gt", &mask_gt}},
@@ -93,7 +96,7 @@ Outputs5 tal_assign_cuda(const at::Tensor& pd_scores, const at::Tensor& pd_bboxe
   if (poison_outputs())
     for (at::Tensor* t : {&o_lab, &o_box, &o_sc, &o_fg, &o_idx}) poison(*t);
 
-  TalShape shape{B, A, C, M, k, alpha, beta, eps};
+  TalShape shape{B, A, C, M, k, k2, alpha, beta, eps};
   at::Tensor ws = at::empty({static_cast<int64_t>(tal_assign_workspace_bytes(shape, f64))}, opts.dtype(at::kByte));
   TalArgs args{scores.const_data_ptr(), pbox.const_data_ptr(), anc.const_data_ptr(),
                labels.const_data_ptr<int64_t>(), gt.const_data_ptr(), real.const_data_ptr<bool>(),

@@ -52,9 +52,9 @@ struct GridTable {
 inline size_t align16(size_t n) { return (n + 15) & ~size_t(15); }
 
 // Workspace layout, shared by tal_assign_workspace_bytes and the launcher. The first `zero_bytes` are
-// cleared by one memset; bestg (float64 only) is set to 0x7F7F7F7F ("no GT yet" for atomicMin).
+// cleared by one memset; bestg (float64 only) and t2_a are set to 0x7F7F7F7F ("none yet" for atomicMin).
 struct Layout {
-  size_t table, cnt, owner, best, pal, pov, zero_bytes, bestg, sel_al, sel_ov, total;
+  size_t table, cnt, owner, best, pal, pov, t2_al, zero_bytes, bestg, t2_a, sel_al, sel_ov, total;
   Layout(const TalShape& s, bool f64) {
     const size_t BA = static_cast<size_t>(s.B * s.A), BM = static_cast<size_t>(s.B * s.M);
     const size_t t = f64 ? sizeof(double) : sizeof(float);
@@ -71,9 +71,13 @@ struct Layout {
     o += align16(BM * sizeof(uint64_t));
     pov = o;
     o += align16(BM * sizeof(uint64_t));
+    t2_al = o;  // per round r of the second top-k and GT: the best align bits left
+    o += align16(static_cast<size_t>(s.k2) * BM * sizeof(uint64_t));
     zero_bytes = o;
     bestg = o;
     o += align16((f64 ? BA : 1) * sizeof(int));
+    t2_a = o;  // ... and its anchor (0x7F7F7F7F: none)
+    o += align16(static_cast<size_t>(s.k2) * BM * sizeof(int));
     sel_al = o;
     o += align16(BA * t);
     sel_ov = o;
@@ -416,13 +420,14 @@ struct ResolveParams {
   const uint64_t* best;
   const int* bestg;
   T* sel_al;
-  const T* sel_ov;
+  T* sel_ov;
   uint64_t* pal;
   uint64_t* pov;
   bool* fg;
   int64_t* gt_idx;
   int64_t A, C, M, BA;
   T alpha, beta;
+  bool defer_max;  // a second top-k follows: it takes the per-GT maxima over the positives it keeps
 };
 
 template <typename T>
@@ -458,10 +463,67 @@ __global__ void __launch_bounds__(kResolveThreads) resolve_kernel(const ResolveP
   p.fg[row] = fg;
   p.gt_idx[row] = fg ? g : 0;
   p.sel_al[row] = fg ? al : T(0);
-  if (fg) {
+  if (p.defer_max) {
+    p.sel_ov[row] = ov;
+  } else if (fg) {
     atomic_max_u64(p.pal + b * p.M + g, ordered_bits(al));
     atomic_max_u64(p.pov + b * p.M + g, ordered_bits(ov));
   }
+}
+
+// ---------------------------------------------------------------------------------------- second top-k
+// YOLO26's topk2 (spec §4.3 step 4b): each GT keeps the k2 of its positives with the largest raw align
+// (ties to the lower anchor index), its own picks and anchors won by overlap alike. Round r finds each
+// GT's r-th best among the positives not yet kept: the max align bits (STEP 0), then the lowest anchor with
+// them (STEP 1); integer atomics, so the order of the threads does not matter. Slots O(B*M*k2).
+struct Topk2Params {
+  bool* fg;
+  int64_t* gt_idx;
+  uint64_t* t2_al;
+  int* t2_a;
+  uint64_t* pal;
+  uint64_t* pov;
+  int64_t A, M, BA, BM;
+  int k2;
+};
+
+// Whether anchor a is among the picks of rounds [0, r) of GT slot bg.
+__device__ __forceinline__ bool kept_before(const int* t2_a, int64_t bg, int64_t BM, int r, int a) {
+  for (int j = 0; j < r; ++j)
+    if (t2_a[j * BM + bg] == a) return true;
+  return false;
+}
+
+template <typename T, int STEP>
+__global__ void __launch_bounds__(kResolveThreads) topk2_round_kernel(const Topk2Params p, const T* sel_al,
+                                                                        int r) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kResolveThreads + threadIdx.x;
+  if (row >= p.BA || !p.fg[row]) return;
+  const int a = static_cast<int>(row % p.A);
+  const int64_t bg = (row / p.A) * p.M + p.gt_idx[row];
+  if (kept_before(p.t2_a, bg, p.BM, r, a)) return;
+  const uint64_t bits = ordered_bits(sel_al[row]);
+  if (STEP == 0)
+    atomic_max_u64(p.t2_al + r * p.BM + bg, bits);
+  else if (p.t2_al[r * p.BM + bg] == bits)
+    atomicMin(p.t2_a + r * p.BM + bg, a);
+}
+
+// The positives no round kept become background; the kept ones give their GT's pos_align / pos_overlap.
+template <typename T>
+__global__ void __launch_bounds__(kResolveThreads) topk2_keep_kernel(const Topk2Params p, T* sel_al,
+                                                                       const T* sel_ov) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kResolveThreads + threadIdx.x;
+  if (row >= p.BA || !p.fg[row]) return;
+  const int64_t bg = (row / p.A) * p.M + p.gt_idx[row];
+  if (!kept_before(p.t2_a, bg, p.BM, p.k2, static_cast<int>(row % p.A))) {
+    p.fg[row] = false;
+    p.gt_idx[row] = 0;
+    sel_al[row] = T(0);
+    return;
+  }
+  atomic_max_u64(p.pal + bg, ordered_bits(sel_al[row]));
+  atomic_max_u64(p.pov + bg, ordered_bits(sel_ov[row]));
 }
 
 // ----------------------------------------------------------------------------------------------- write
@@ -531,10 +593,14 @@ cudaError_t launch_impl(const TalShape& s, const TalArgs& a, cudaStream_t st) {
   auto* bestg = reinterpret_cast<int*>(ws + L.bestg);
   auto* sel_al = reinterpret_cast<T*>(ws + L.sel_al);
   auto* sel_ov = reinterpret_cast<T*>(ws + L.sel_ov);
+  auto* t2_al = reinterpret_cast<uint64_t*>(ws + L.t2_al);
+  auto* t2_a = reinterpret_cast<int*>(ws + L.t2_a);
   if (BA == 0) return cudaSuccess;
 
   YF_RETURN_IF_ERROR(cudaMemsetAsync(ws, 0, L.zero_bytes, st));
   if (f64) YF_RETURN_IF_ERROR(cudaMemsetAsync(bestg, 0x7F, static_cast<size_t>(BA) * sizeof(int), st));
+  if (s.k2 > 0)
+    YF_RETURN_IF_ERROR(cudaMemsetAsync(t2_a, 0x7F, static_cast<size_t>(s.k2 * s.B * s.M) * sizeof(int), st));
   const T* anc = static_cast<const T*>(a.anc);
   grid_kernel<T><<<1, kGridThreads, 0, st>>>(anc, s.A, tab);
   YF_CHECK_LAUNCH();
@@ -591,8 +657,23 @@ cudaError_t launch_impl(const TalShape& s, const TalArgs& a, cudaStream_t st) {
   rp.BA = BA;
   rp.alpha = static_cast<T>(s.alpha);
   rp.beta = static_cast<T>(s.beta);
-  resolve_kernel<T><<<static_cast<unsigned>(ceil_div(BA, kResolveThreads)), kResolveThreads, 0, st>>>(rp);
+  rp.defer_max = s.k2 > 0;
+  const unsigned n_res = static_cast<unsigned>(ceil_div(BA, kResolveThreads));
+  resolve_kernel<T><<<n_res, kResolveThreads, 0, st>>>(rp);
   YF_CHECK_LAUNCH();
+
+  if (s.k2 > 0) {
+    const Topk2Params tp{a.out_fg, a.out_gt_idx, t2_al, t2_a, pal, pov, s.A, s.M, BA, s.B * s.M,
+                         static_cast<int>(s.k2)};
+    for (int r = 0; r < tp.k2; ++r) {
+      topk2_round_kernel<T, 0><<<n_res, kResolveThreads, 0, st>>>(tp, sel_al, r);
+      YF_CHECK_LAUNCH();
+      topk2_round_kernel<T, 1><<<n_res, kResolveThreads, 0, st>>>(tp, sel_al, r);
+      YF_CHECK_LAUNCH();
+    }
+    topk2_keep_kernel<T><<<n_res, kResolveThreads, 0, st>>>(tp, sel_al, sel_ov);
+    YF_CHECK_LAUNCH();
+  }
 
   WriteParams<T> wp;
   wp.fg = a.out_fg;

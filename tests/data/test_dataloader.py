@@ -76,3 +76,24 @@ def test_val_loader_order_and_no_augmentation(one_box_set):
     assert b["im_file"] == sorted(b["im_file"])
     assert b["cls"].view(-1).tolist() == [i % 3 for i in range(8)]
     np.testing.assert_allclose(b["bboxes"].numpy(), [BOX] * 8, atol=1e-6)
+
+
+class _ThreadReport(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        import cv2
+
+        return torch.tensor([torch.get_num_threads(), cv2.getNumThreads()])
+
+
+def test_workers_run_one_thread_each_and_batches_come_in_shared_memory(one_box_set):
+    """No oversubscription: 2 workers x N threads each would fight over 2 cores."""
+    loader = build_dataloader(_ThreadReport(), 2, 2, shuffle=False)
+    loader.collate_fn = torch.utils.data.default_collate
+    for b in loader:
+        assert b[:, 0].tolist() == [1, 1] and (b[:, 1] <= 1).all()
+    ds = build_dataset(one_box_set, imgsz=64, nc=3)
+    b = next(iter(build_dataloader(ds, 4, 2, shuffle=True)))
+    assert b["img"].shape == (4, 3, 64, 64) and b["img"].is_contiguous(memory_format=torch.channels_last)

@@ -168,7 +168,7 @@ def test_autobatch_on_cpu_keeps_the_default(shapes, tmp_path, capsys):
 
 def test_autobatch_choice_sizes_the_loader(shapes, tmp_path, monkeypatch):
     """The batch AutoBatch picks (here injected: 3 for fraction 0.5) becomes the loader's and the recipe's."""
-    import yolofast.engine.trainer as tr
+    import yolofast.engine.setup as tr  # where AutoBatch is called
 
     seen = {}
 
@@ -187,7 +187,7 @@ def test_autobatch_choice_sizes_the_loader(shapes, tmp_path, monkeypatch):
 def test_autobatch_choice_recuts_rect_batches(tmp_path, monkeypatch):
     """rect=True with AutoBatch: the rect batches are cut again at the chosen size (here 4; at the default
     16 all 15 images were one square batch), so each loader batch is one rect batch with its own shape."""
-    import yolofast.engine.trainer as tr
+    import yolofast.engine.setup as tr  # where AutoBatch is called
 
     monkeypatch.setattr(tr, "autobatch", lambda *a, **k: 4)
     t = Trainer(data=_rect_data(tmp_path), project=tmp_path, name="abr", batch=0.5, epochs=1, rect=True,

@@ -79,6 +79,11 @@ def test_train_outputs_and_metrics(shapes, tmp_path):
     assert {"optimizer", "scaler", "scheduler", "rng", "ema", "updates", "date"} <= set(ck)
     assert ck["updates"] > 0
     assert not list((out / "weights").glob("*.tmp"))  # atomic writes leave nothing behind
+    # The run in the open (engine/state.py): the Trainer itself holds few attributes; Ultralytics' names
+    # read and write the state, the parts and the schedule.
+    assert len(vars(m)) <= 20, sorted(vars(m))
+    assert m.epoch == m.state.epoch == 1 and m.model is m.parts.model and m.nb == m.schedule.nb == 2
+    assert m.metrics is m.state.metrics and m.best_fitness == ck["best_fitness"]
 
 
 def test_name_increments(shapes, tmp_path):

@@ -87,18 +87,17 @@ def test_stubs_keep_state_and_run_nothing(tmp_path):
     ("PoseModel", ["Conv"], "Pose", "yolov8n-pose.yaml", {}, r"pose model"),
     ("OBBModel", ["Conv"], "OBB", "yolov8n-obb.yaml", {}, r"obb model"),
     ("ClassificationModel", ["Conv"], "Classify", "yolov8n-cls.yaml", {}, r"classify model"),
-    ("DetectionModel", ["Conv", "C3k2", "SPPF", "C2PSA"], "Detect", "yolo11n.yaml", {},
-     r"YOLO11 .*yolo11n\.yaml.*C2PSA, C3k2"),
+    ("DetectionModel", ["Conv", "A2C2f", "C3k2"], "Detect", "yolo12n.yaml", {},
+     r"YOLO12 .*yolo12n\.yaml.*A2C2f"),
     ("DetectionModel", ["Conv", "C3", "SPPF"], "Detect", "yolov5nu.yaml", {}, r"YOLOv5u .*C3"),
-    ("DetectionModel", ["Conv", "C3k2", "C2PSA"], "Detect", "yolo26n.yaml", {"end2end": True},
-     r"end-to-end.*yolo26n\.yaml"),
     ("DetectionModel", ["Conv", "C2f"], "v10Detect", "yolov10n.yaml", {}, r"head v10Detect"),
 ])
 def test_unsupported_architectures_are_named(tmp_path, top, layers, head, yaml_file, attrs, match):
     path = fake_checkpoint(tmp_path / "other.pt", top, layers, head, yaml_file, **attrs)
     with pytest.raises(UnsupportedCheckpointError, match=match) as e:
         read_checkpoint(path)
-    assert "yolofast supports YOLOv8 detection" in str(e.value) and "other.pt" in str(e.value)
+    assert "yolofast supports YOLOv8, YOLO11 and YOLO26 detection" in str(e.value)
+    assert "other.pt" in str(e.value)
     with pytest.raises(UnsupportedCheckpointError):
         model_from_checkpoint(path)
     assert "ultralytics" not in sys.modules

@@ -166,3 +166,9 @@ def test_one2one_branch_is_detached():
     (o2o["boxes"].sum() + o2o["scores"].sum()).backward()
     assert m.model[0].conv.weight.grad is None
     assert m.head.one2one_cv2[0][0].conv.weight.grad is not None and m.head.cv2[0][0].conv.weight.grad is None
+
+
+def test_conv_gflops_count_both_heads():
+    """2 x conv multiply-adds at 640 (spec section 1, 'conv-only'): YOLO26 counts both head branch sets."""
+    assert build_model("yolo11n").info(verbose=False)[2] == pytest.approx(6.48, abs=0.005)
+    assert build_model("yolo26n").info(verbose=False)[2] == pytest.approx(5.96, abs=0.005)

@@ -1,4 +1,9 @@
+import os
+import shutil
+
 import pytest
+import torch
+from cuda_emulation import HAS_GPU, Impl, build_emulation
 
 from yolofast.ops import _build
 
@@ -12,3 +17,29 @@ def lib():
     from yolofast.ops import _library
 
     return _library
+
+
+@pytest.fixture(
+    scope="module",
+    params=[pytest.param("gpu", marks=pytest.mark.cuda), pytest.param("emu", marks=pytest.mark.slow)],
+)
+def impl(request):
+    if request.param == "gpu":
+        if not HAS_GPU:
+            pytest.skip("no CUDA device")
+        ok, why = _build.extension_status("cuda")
+        assert ok, f"a GPU is visible but the CUDA extension is not available: {why}"
+        return Impl("gpu", "cuda", torch.ops.yolofast)
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        pytest.skip("no C++ compiler for the CUDA emulation")
+    import yolofast.ops._schemas  # noqa: F401 - yolofast's own schemas first (same names, other namespace)
+
+    torch.ops.load_library(build_emulation())
+    return Impl("emu", "cpu", torch.ops.yolofast_cuda_emu)
+
+
+@pytest.fixture(scope="module")
+def cuda_ops():
+    ok, why = _build.extension_status("cuda")
+    assert ok, f"a GPU is visible but the CUDA extension is not available: {why}"
+    return torch.ops.yolofast

@@ -1,58 +1,17 @@
-"""The fused C++ bbox_loss (csrc/cpu/bbox_loss_kernel.cpp) against reference.bbox_loss_ref."""
+"""bbox_loss: the fused C++ loss (csrc/cpu/bbox_loss_kernel.cpp) and the CUDA one (csrc/cuda, on a GPU or the
+CPU emulation: the ``impl`` fixture) against reference.bbox_loss_ref. Maps variant: test_bbox_loss_maps.py;
+the Triton kernel: test_triton_bbox_loss.py. Inputs and tolerances: op_inputs.py."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from op_inputs import REG_MAX, anchors_640, assert_matches, dfl_edge_inputs, losses_and_grads, make_inputs
 
 from yolofast.boxes import make_anchors
 from yolofast.ops import reference
 from yolofast.ops._backend import backend
-
-REG_MAX = 16
-
-
-def anchors_640(dtype=torch.float32):
-    feats = [torch.empty(1, 1, 640 // s, 640 // s, dtype=dtype) for s in (8, 16, 32)]
-    anc, _ = make_anchors(feats, (8, 16, 32))
-    return anc  # (8400, 2) grid units of each level
-
-
-def make_inputs(B, A, C, seed, fg_frac=0.06, reg_max=REG_MAX, anc=None, dtype=torch.float32):
-    """Random but realistic inputs: logits of a trained-ish head, GT boxes around their anchors (grid units,
-    some sides beyond the DFL clamp, some anchors outside their box), assigner-like one-class soft targets."""
-    g = torch.Generator().manual_seed(seed)
-    if anc is None:
-        anc = (torch.rand(A, 2, generator=g) * 40).floor() + 0.5
-    pred_dist = torch.randn(B, A, 4 * reg_max, generator=g) * 2.5
-    pred_scores = torch.randn(B, A, C, generator=g) * 2.0 - 3.0
-    centre = anc + (torch.rand(B, A, 2, generator=g) - 0.5) * 3
-    wh = torch.rand(B, A, 2, generator=g) * (reg_max * 2.2) + 0.05
-    target_bboxes = torch.cat((centre - wh / 2, centre + wh / 2), -1)
-    fg = torch.rand(B, A, generator=g) < fg_frac
-    label = torch.randint(0, C, (B, A), generator=g)
-    score = torch.rand(B, A, generator=g) * fg
-    target_scores = torch.zeros(B, A, C).scatter_(-1, label[..., None], score[..., None])
-    cast = [t.to(dtype) for t in (pred_dist, pred_scores, anc, target_bboxes, target_scores)]
-    return (*cast, fg)
-
-
-def losses_and_grads(fn, args, upstream=(0.7, 1.3, -0.4)):
-    pd = args[0].detach().clone().requires_grad_()
-    ps = args[1].detach().clone().requires_grad_()
-    out = fn(pd, ps, *args[2:])
-    (out * torch.tensor(upstream, dtype=out.dtype)).sum().backward()
-    return out.detach(), pd.grad, ps.grad
-
-
-def assert_matches(got, want, rtol=1e-5):
-    """Losses to rtol; gradients elementwise to rtol, with an absolute floor of rtol x the largest entry
-    (most gradient entries are ~0 and a relative test of those is meaningless)."""
-    (l1, gd1, gs1), (l2, gd2, gs2) = got, want
-    torch.testing.assert_close(l1, l2, rtol=rtol, atol=0)
-    for a, b in ((gd1, gd2), (gs1, gs2)):
-        assert a.dtype == b.dtype and a.shape == b.shape
-        torch.testing.assert_close(a, b, rtol=rtol, atol=rtol * float(b.abs().max()) + 1e-30)
+from yolofast.ops.reference import bbox_loss_ref
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -100,19 +59,6 @@ def test_class_logits_across_the_exp_range(lib):
     # Without a target a logit's gradient is its sigmoid (times c1 / S): each to 1e-5 relative, down to
     # the denormals (|x| > 86, where the fused exp keeps exp(-86) and the reference goes to 0).
     torch.testing.assert_close(got[2][ts == 0], want[2][ts == 0], rtol=1e-5, atol=1e-35)
-
-
-def dfl_edge_inputs() -> tuple:
-    """One image, 12 foreground anchors whose target distances sit exactly on bins (wl = 1, wr = 0), at 0,
-    at/after reg_max - 1 (clamped to 14.99), negative (anchor outside its box) and far beyond."""
-    dists = torch.tensor([0.0, 1.0, 7.0, 14.0, 14.99, 15.0, 16.0, 40.0, -3.0, 0.5, 13.999, 2.25])
-    n = len(dists)
-    anc = torch.stack((torch.arange(n) + 0.5, torch.full((n,), 20.5)), -1)
-    ltrb = torch.stack((dists, dists.roll(1), dists.roll(2), dists.roll(3)), -1)
-    tb = torch.cat((anc - ltrb[:, :2], anc + ltrb[:, 2:]), -1)[None]
-    pd, ps, _, _, ts, _ = make_inputs(1, n, 5, 3, fg_frac=1.0)
-    ts[..., 0] = torch.linspace(0.1, 1.0, n)
-    return pd, ps, anc, tb, ts, torch.ones(1, n, dtype=torch.bool)
 
 
 def test_dfl_targets_on_bin_edges_and_beyond_clamp(lib):
@@ -323,3 +269,88 @@ def test_rows_opcheck(lib):
         ps.requires_grad_(grad)
         for compact in (True, False):
             torch.library.opcheck(torch.ops.yolofast.bbox_loss.rows, (pd, ps, anc, tb, ts, fg, compact))
+
+
+# ---------------------------------------- the same checks on the CUDA kernels (a GPU, or the CPU emulation)
+# -------------------------------------------------------------------------------------------- bbox_loss
+def _loss_check(impl, args, rtol=1e-5):
+    """Losses to rtol; gradients elementwise to rtol with an absolute floor of rtol x the largest entry."""
+    args = impl.to(args)
+    got = losses_and_grads(impl.loss, args)
+    want = losses_and_grads(bbox_loss_ref, args)
+    torch.testing.assert_close(got[0], want[0], rtol=rtol, atol=0)
+    for a, b in zip(got[1:], want[1:]):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        torch.testing.assert_close(a, b, rtol=rtol, atol=rtol * float(b.abs().max()) + 1e-30)
+    return got
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_loss_random_shapes(impl, seed):
+    B, A, C, R = [(2, 300, 80, 16), (1, 777, 13, 16), (3, 100, 1, 7), (2, 200, 20, 33)][seed]
+    _loss_check(impl, make_inputs(B, A, C, seed, fg_frac=0.2, reg_max=R))
+
+
+def test_loss_realistic_640(impl):
+    if impl.name == "emu":
+        args = make_inputs(1, 1500, 80, 3, anc=anchors_640()[:1500])  # the emulation is slow
+    else:
+        args = make_inputs(4, 8400, 80, 3, anc=anchors_640())
+    _loss_check(impl, args)
+
+
+@pytest.mark.parametrize("case", ["no_fg", "all_fg"])
+def test_loss_foreground_extremes(impl, case):
+    pd, ps, anc, tb, ts, fg = make_inputs(2, 150, 7, 4, fg_frac=0.5)
+    fg = torch.zeros_like(fg) if case == "no_fg" else torch.ones_like(fg)
+    ts = ts * fg[..., None] if case == "no_fg" else ts
+    _loss_check(impl, (pd, ps, anc, tb, ts, fg))
+
+
+def test_loss_dfl_targets_on_bin_edges_and_degenerate_boxes(impl):
+    pd, ps, anc, tb, ts, fg = dfl_edge_inputs()
+    tb[0, :3, 2] = tb[0, :3, 0]  # zero width
+    tb[0, 3:5, 2:] = tb[0, 3:5, :2]  # a point
+    pd[0, 6:8] = 0
+    pd[0, 6:8, ::16] = 60.0  # softmax saturated on bin 0
+    _loss_check(impl, (pd, ps, anc, tb, ts, fg))
+
+
+def test_loss_background_boxes_are_never_read(impl):
+    pd, ps, anc, tb, ts, fg = make_inputs(2, 120, 6, 5, fg_frac=0.3)
+    ts = ts * fg[..., None]
+    tb = torch.where(fg[..., None], tb, torch.full_like(tb, float("nan")))
+    got = _loss_check(impl, (pd, ps, anc, tb, ts, fg))
+    assert all(torch.isfinite(t).all() for t in got)
+
+
+def test_loss_float64_tight(impl):
+    _loss_check(impl, make_inputs(2, 50, 3, 2, fg_frac=0.7, reg_max=6, dtype=torch.float64), rtol=1e-12)
+
+
+def test_loss_low_precision_inputs_compute_in_float32(impl):
+    pd, ps, anc, tb, ts, fg = make_inputs(2, 200, 10, 9, fg_frac=0.1)
+    for dt in (torch.bfloat16, torch.float16):
+        args = impl.to((pd.to(dt), ps.to(dt), anc, tb, ts, fg))
+        got = losses_and_grads(impl.loss, args)
+        want = losses_and_grads(bbox_loss_ref, args)
+        assert got[0].dtype == torch.float32 and got[1].dtype == dt and got[2].dtype == dt
+        torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=0)
+
+
+def test_loss_every_output_written_and_deterministic(impl, monkeypatch):
+    args = impl.to(make_inputs(3, 333, 13, 5, fg_frac=0.3))
+    raw = impl.ops.bbox_loss
+    clean = raw(*args)
+    monkeypatch.setenv("YOLOFAST_POISON_OUTPUTS", "1")
+    poisoned = raw(*args)
+    for a, b in zip(clean, poisoned):
+        assert torch.isfinite(b).all() and torch.equal(a, b)  # bitwise: no float atomics anywhere
+
+
+def test_loss_bad_shapes_raise_clear_errors(impl):
+    pd, ps, anc, tb, ts, fg = impl.to(make_inputs(1, 20, 3, 6))
+    with pytest.raises(RuntimeError, match="anchor_points"):
+        impl.ops.bbox_loss(pd, ps, anc[:-1], tb, ts, fg)
+    with pytest.raises(RuntimeError, match="reg_max"):
+        impl.ops.bbox_loss(pd[..., :4], ps, anc, tb, ts, fg)

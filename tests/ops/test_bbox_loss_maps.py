@@ -1,5 +1,5 @@
-"""The head-map ops (csrc/cpu/bbox_loss_kernel.cpp bbox_loss_maps, csrc/cpu/head_decode_kernel.cpp) against
-the reference path: the maps cat into (B, A, .) and reference.bbox_loss_ref / reference.bbox_decode."""
+"""bbox_loss's maps variant (csrc/cpu/bbox_loss_kernel.cpp bbox_loss_maps) against the reference path: the
+maps cat into (B, A, .) and reference.bbox_loss_ref. head_decode: test_head_decode.py."""
 
 from __future__ import annotations
 
@@ -7,35 +7,11 @@ import platform
 
 import pytest
 import torch
+from op_inputs import UPSTREAM, make_maps
 
-from yolofast.boxes import make_anchors
 from yolofast.ops import reference
 from yolofast.ops._backend import backend
 from yolofast.ops.bbox_loss import maps_to_rows
-
-UPSTREAM = (0.7, 1.3, -0.4)
-
-
-def make_maps(B, C, sizes, seed, reg_max=16, fg_frac=0.1, dtype=torch.float32, strides=(8, 16, 32)):
-    """Random head maps (B, 4R+C, H, W) and the targets of their anchors (grid units), fg anchors with one
-    soft class target each, some target sides beyond the DFL clamp and some anchors outside their box."""
-    g = torch.Generator().manual_seed(seed)
-    feats = []
-    for h, w in sizes:
-        dist = torch.randn(B, 4 * reg_max, h, w, generator=g) * 2.5
-        cls = torch.randn(B, C, h, w, generator=g) * 2.0 - 3.0
-        feats.append(torch.cat((dist, cls), 1).to(dtype))
-    anc, stride = make_anchors(feats, strides[: len(sizes)])
-    anc = anc.float()
-    A = anc.shape[0]
-    centre = anc + (torch.rand(B, A, 2, generator=g) - 0.5) * 3
-    wh = torch.rand(B, A, 2, generator=g) * (reg_max * 2.2) + 0.05
-    tb = torch.cat((centre - wh / 2, centre + wh / 2), -1)
-    fg = torch.rand(B, A, generator=g) < fg_frac
-    label = torch.randint(0, C, (B, A), generator=g)
-    score = torch.rand(B, A, generator=g) * fg
-    ts = torch.zeros(B, A, C).scatter_(-1, label[..., None], score[..., None])
-    return feats, anc, tb, ts, fg
 
 
 def run_maps(lib, feats, rest, reg_max=16):
@@ -172,34 +148,6 @@ def test_old_layout_matches_maps_layout(lib):
     torch.testing.assert_close(lib.bbox_loss_maps(feats, *rest, 16), want, rtol=1e-5, atol=0)
 
 
-def ref_decode(feats, strides, reg_max):
-    pd, ps = maps_to_rows([f.double() for f in feats], reg_max)
-    anc, st = make_anchors([f.double() for f in feats], strides)
-    return ps.sigmoid(), reference.bbox_decode(pd, anc) * st
-
-
-@pytest.mark.parametrize("seed", range(4))
-def test_head_decode_matches_reference(lib, seed):
-    g = torch.Generator().manual_seed(seed)
-    sizes = [(int(torch.randint(1, 30, (1,), generator=g)), int(torch.randint(1, 30, (1,), generator=g)))
-             for _ in range(3)]
-    feats, *_ = make_maps(2, 17, sizes, seed, reg_max=16)
-    scores, boxes = lib.head_decode(feats, (8, 16, 32), 16)
-    want_s, want_b = ref_decode(feats, (8, 16, 32), 16)
-    assert scores.dtype == boxes.dtype == torch.float32
-    torch.testing.assert_close(scores.double(), want_s, rtol=1e-6, atol=1e-7)
-    torch.testing.assert_close(boxes.double(), want_b, rtol=1e-6, atol=1e-4)  # px: ~1e-6 of 640
-    s64, b64 = lib.head_decode([f.double() for f in feats], (8, 16, 32), 16)
-    torch.testing.assert_close(s64, want_s, rtol=1e-13, atol=1e-15)
-    torch.testing.assert_close(b64, want_b, rtol=1e-13, atol=1e-11)
-    with backend("ref"):
-        from yolofast.ops import head_decode
-
-        rs, rb = head_decode(feats, (8, 16, 32), 16)
-    torch.testing.assert_close(rs, scores, rtol=1e-6, atol=1e-7)
-    torch.testing.assert_close(rb, boxes, rtol=1e-6, atol=1e-4)
-
-
 def test_public_wrapper_backends_agree(lib):
     from yolofast.ops import bbox_loss_maps
 
@@ -269,28 +217,6 @@ def test_kernels_are_built_with_simd(lib):
         assert bits in (256, 512)
         if bits == 512:  # only when the CPU has all four AVX-512 subsets
             assert {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= flags
-
-
-def test_head_decode_boxes_alone(lib):
-    """head_decode.boxes (the loss's decode: its assigner reads the logits itself) gives head_decode's boxes
-    bit for bit, in both dtypes and on strided maps; the public wrapper's scores=False agrees on both
-    backends."""
-    from yolofast.ops import head_decode
-
-    feats, *_ = make_maps(2, 7, [(9, 7), (5, 4), (3, 2)], 21, reg_max=16)
-    for fs in (feats, [f.double() for f in feats], [f.to(memory_format=torch.channels_last) for f in feats]):
-        _, want = lib.head_decode(fs, (8, 16, 32), 16)
-        got = torch.ops.yolofast.head_decode.boxes(fs, [8.0, 16.0, 32.0], 16)
-        assert got.dtype == want.dtype and torch.equal(got, want)
-    for name in ("cpp", "ref"):
-        with backend(name):
-            s, b = head_decode(feats, (8, 16, 32), 16, scores=False)
-        assert s is None
-        if name == "cpp":
-            assert torch.equal(b, want)
-        else:
-            torch.testing.assert_close(b, want, rtol=1e-6, atol=1e-4)
-    torch.library.opcheck(torch.ops.yolofast.head_decode.boxes, (feats, [8.0, 16.0, 32.0], 16))
 
 
 def test_static_layout_equals_compact(lib):

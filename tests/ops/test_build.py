@@ -1,7 +1,10 @@
-"""Building, caching and loading the C++ extension (yolofast/ops/_build.py), and its fallbacks."""
+"""Building, caching and loading the C++ extension (yolofast/ops/_build.py), and its fallbacks; the CUDA
+extension compiled for sm_90 with nvcc (a CUDA build of torch), and the GPU-only checks of all its ops
+(dispatch, CUDA graphs, opcheck, streams; marker ``cuda``); benchmarks/gpu_bench.py's dry run."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -11,8 +14,22 @@ from pathlib import Path
 
 import pytest
 import torch
+from cuda_emulation import HAS_GPU, gpu
+from op_inputs import (
+    ALPHA,
+    BETA,
+    EPS,
+    NAMES,
+    TOPK,
+    anchors_640,
+    ema_pair,
+    losses_and_grads,
+    make_inputs,
+    random_scene,
+)
 
-from yolofast.ops import _build
+from yolofast.ops import _build, reference
+from yolofast.ops.reference import ema_update_ref
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -233,3 +250,162 @@ def test_avx2_build_uses_avx2_vectors():
     res = _run(code, YOLOFAST_CPU_ARCH="native")
     assert res.returncode == 0, res.stdout + res.stderr
     assert f"LANES {16 if avx512 else 8}" in res.stdout, res.stdout
+
+
+# ------------------------------------------------ the CUDA extension: compiled for sm_90 here, run on a GPU
+# ============================================================================================== 1. compile
+BUILD_AND_LOAD = """
+import json, subprocess, sys
+from yolofast.ops import _build
+report = _build.build_cuda_extension(force=True)
+log = open(report.log).read()[-4000:] if report.log else ""
+print("REPORT" + json.dumps({"ok": report.ok, "reason": report.reason, "library": report.library,
+                             "sources": report.sources, "flags": report.flags, "log": log}))
+"""
+
+
+LOAD_CHECK = """
+import sys, torch
+import yolofast.ops._schemas  # the schemas
+torch.ops.load_library(sys.argv[1])
+for op in ("tal_assign", "bbox_loss", "ema_update"):
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(f"yolofast::{op}", "CUDA"), op
+print("CUDA-KERNELS-OK")
+"""
+
+
+def _python(code: str, *args, **env) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, **env}
+    full_env.pop("YOLOFAST_NO_CUDA_BUILD", None)
+    cmd = [sys.executable, "-c", code, *args]
+    return subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_cuda_extension_compiles_for_sm90(tmp_path):
+    if not torch.version.cuda:
+        pytest.skip(f"torch {torch.__version__} is not a CUDA build: no CUDA sources can be compiled here")
+    root = _build.csrc_dir()
+    assert root is not None and list((root / "cuda").glob("*.cu")), "no CUDA sources in csrc/cuda"
+    sources, why = _build._cuda_sources(root)
+    if not sources:
+        assert "nvcc" in why, why  # the only acceptable reason to skip
+        pytest.skip(why)
+    # Fresh processes: cpp_extension loads what it builds, and this one may load the session's own build.
+    env = {"YOLOFAST_CACHE": str(tmp_path), "TORCH_CUDA_ARCH_LIST": "9.0"}
+    res = _python(BUILD_AND_LOAD, **env)
+    line = next((ln for ln in res.stdout.splitlines() if ln.startswith("REPORT")), None)
+    assert res.returncode == 0 and line, res.stdout + res.stderr
+    report = json.loads(line[len("REPORT") :])
+    assert report["ok"], f"{report['reason']}\n{report['log']}"
+    want = {"cuda/tal_assign_kernel.cu", "cuda/bbox_loss_kernel.cu", "cuda/ema_update_kernel.cu"}
+    assert want <= set(report["sources"]) and "arch:9.0" in report["flags"]
+    res = _python(LOAD_CHECK, report["library"])
+    assert res.returncode == 0 and "CUDA-KERNELS-OK" in res.stdout, res.stdout + res.stderr
+    # cached: a second build finds the library without compiling
+    res = _python(BUILD_AND_LOAD.replace("force=True", "force=False"), **env)
+    assert f'"library": "{report["library"]}"' in res.stdout, res.stdout + res.stderr
+    assert _build.CUDA_BUILD_MESSAGE not in res.stderr
+
+
+def test_cuda_status_says_why_not_on_a_machine_without_gpu():
+    ok, why = _build.extension_status("cuda")
+    if HAS_GPU:
+        assert ok, why
+    else:
+        assert not ok and why
+        if torch.version.cuda and not os.environ.get("YOLOFAST_NO_CUDA_BUILD"):
+            assert "torch.cuda.is_available()" in why and "--cuda" in why
+
+
+@gpu
+@pytest.mark.cuda
+def test_gpu_public_ops_dispatch_to_cuda_with_autograd(cuda_ops):
+    from yolofast import ops
+
+    args = tuple(a.cuda() for a in random_scene(13, B=2, M=30))
+    with ops.backend("cuda"):
+        out = ops.tal_assign(*args)
+    for name, a, b in zip(NAMES, out, cuda_ops.tal_assign(*args, TOPK, ALPHA, BETA, EPS)):
+        assert torch.equal(a, b), name
+    largs = tuple(a.cuda() for a in make_inputs(2, 500, 10, 1, fg_frac=0.2))
+    with ops.backend("cuda"):
+        got = losses_and_grads(ops.bbox_loss, largs)
+    want = losses_and_grads(reference.bbox_loss_ref, largs)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * float(b.abs().max()) + 1e-30)
+
+
+@gpu
+@pytest.mark.cuda
+def test_gpu_cuda_graph_capture_of_assign_loss_and_ema(cuda_ops):
+    """No host syncs: the assigner, the fused loss and the EMA (decay read on device) replay in a graph."""
+    args = tuple(a.cuda() for a in random_scene(8, B=2, M=40))
+    largs = [a.cuda() for a in make_inputs(2, 8400, 80, 2, anc=anchors_640())]
+    ema, model = ema_pair(100_000, torch.float32, 3, "cuda")
+    decay = torch.tensor(0.5, dtype=torch.float64, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up on a side stream, as torch.cuda.graphs recommends
+        eager_tal = cuda_ops.tal_assign(*args, TOPK, ALPHA, BETA, EPS)
+        eager_loss = cuda_ops.bbox_loss(*largs)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g_tal = cuda_ops.tal_assign(*args, TOPK, ALPHA, BETA, EPS)
+        g_loss = cuda_ops.bbox_loss(*largs)
+        cuda_ops.ema_update(ema, model, decay)
+    for d in (0.9, 0.99):
+        decay.fill_(d)
+        want = ema.clone()
+        ema_update_ref(want, model, decay)
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(ema, want, rtol=1.2e-7, atol=0)
+    for a, b in zip(g_tal, eager_tal):
+        assert torch.equal(a, b)
+    for a, b in zip(g_loss, eager_loss):
+        assert torch.equal(a, b)
+
+
+@gpu
+@pytest.mark.cuda
+def test_gpu_opcheck(cuda_ops):
+    args = tuple(a.cuda() for a in random_scene(15, B=2, imgsz=128, M=6, C=3))
+    torch.library.opcheck(cuda_ops.tal_assign.default, (*args, TOPK, ALPHA, BETA, EPS))
+    largs = tuple(a.cuda() for a in make_inputs(2, 64, 5, 3, fg_frac=0.3))
+    torch.library.opcheck(cuda_ops.bbox_loss.default, largs)
+    ema, model = ema_pair(1000, torch.float32, 4, "cuda")
+    torch.library.opcheck(cuda_ops.ema_update.default, (ema, model, torch.tensor(0.9, device="cuda")))
+
+
+@gpu
+@pytest.mark.cuda
+def test_gpu_runs_on_the_current_stream(cuda_ops):
+    args = tuple(a.cuda() for a in random_scene(6, B=2, M=40))
+    want = cuda_ops.tal_assign(*args, TOPK, ALPHA, BETA, EPS)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        got = cuda_ops.tal_assign(*args, TOPK, ALPHA, BETA, EPS)
+    torch.cuda.current_stream().wait_stream(s)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
+# ========================================================================================= 4. gpu_bench
+def test_gpu_bench_dry_run_writes_a_table(tmp_path):
+    """benchmarks/gpu_bench.py runs first time on the GPU machine only if its Python works: run it on
+    tiny CPU shapes (the GPU backends get their n/a rows)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import gpu_bench
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    out = tmp_path / "table.md"
+    assert gpu_bench.main(["--dry-run", "--batches", "1", "--n-gt", "3", "--out", str(out)]) == 0
+    text = out.read_text()
+    for op in ("tal_assign", "bbox_loss fwd+bwd", "ema_update"):
+        assert f"| {op} |" in text
+    assert "| ref |" in text and "n/a:" in text
+    assert "failed" not in text, text

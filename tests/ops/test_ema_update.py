@@ -1,12 +1,16 @@
-"""The fused C++ ema_update (csrc/cpu/ema_update_kernel.cpp) against reference.ema_update_ref / torch.lerp."""
+"""ema_update: the fused C++ EMA (csrc/cpu/ema_update_kernel.cpp) and the CUDA one (csrc/cuda, on a GPU or the
+CPU emulation: the ``impl`` fixture) against reference.ema_update_ref / torch.lerp. The Triton kernel:
+test_triton_ema_update.py."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from op_inputs import ema_pair
 
 from yolofast.ops import reference
 from yolofast.ops._backend import backend
+from yolofast.ops.reference import ema_update_ref
 
 # Not multiples of the 16-float vector width, below and across the 64 Ki parallel grain.
 SIZES = (1, 15, 17, 1000, (1 << 16) + 7, 300_001)
@@ -209,3 +213,61 @@ def test_plan_follows_replaced_data_and_reports_bad_arguments(lib):
         plan.step(torch.tensor(0))
     with pytest.raises(RuntimeError, match="model tensors"):
         lib.ema_plan([torch.zeros(3)], [], 0.5, 1.0)
+
+
+# ---------------------------------------- the same checks on the CUDA kernels (a GPU, or the CPU emulation)
+# ------------------------------------------------------------------------------------------- ema_update
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_ema_matches_reference(impl, dtype):
+    for n in (1, 15, 17, 1000, 4099):
+        for decay in (0.9999, 0.3, 0.5, 0.0):
+            for decay_dtype in (torch.float32, torch.float64):
+                ema, model = ema_pair(n, dtype, n, impl.device)
+                d = torch.tensor(decay, dtype=decay_dtype, device=impl.device)
+                want = ema.clone()
+                ema_update_ref(want, model, d)
+                before = model.clone()
+                impl.ops.ema_update(ema, model, d)
+                assert torch.equal(model, before)
+                ulp = torch.finfo(dtype).eps  # torch's own lerp may round a*b + c twice in a tail loop
+                torch.testing.assert_close(ema, want, rtol=ulp, atol=ulp * 1e-3)
+                assert (ema != want).float().mean() < 0.01
+
+
+def test_ema_decay_sources_views_and_mixed_dtypes(impl):
+    dev = impl.device
+    ema, model = ema_pair(1001, torch.float32, 1, dev)
+    for d in (
+        torch.tensor(0.7),
+        torch.tensor(0.7, dtype=torch.float64, device=dev),
+        torch.tensor(0.7, dtype=torch.bfloat16, device=dev),
+    ):
+        e, want = ema.clone(), ema.clone()
+        impl.ops.ema_update(e, model, d)
+        ema_update_ref(want, model, d.to(dev))
+        torch.testing.assert_close(e, want, rtol=1.2e-7, atol=0)
+    base = torch.zeros(1002, device=dev)
+    view = base[1:]  # 4 bytes off the 16-byte alignment: the element-wise path
+    view.copy_(ema)
+    want = ema.clone()
+    d = torch.tensor(0.9, device=dev)
+    impl.ops.ema_update(view, model, d)
+    ema_update_ref(want, model, d)
+    torch.testing.assert_close(view, want, rtol=1.2e-7, atol=0)
+    assert base[0] == 0
+    low, full = ema.bfloat16(), model.clone()  # a float32 model into a bf16 EMA
+    want = low.clone()
+    impl.ops.ema_update(low, full, torch.tensor(0.6, dtype=torch.float64, device=dev))
+    ema_update_ref(want, full, torch.tensor(0.6, dtype=torch.float64, device=dev))
+    assert torch.equal(low, want)
+
+
+def test_ema_bad_arguments(impl):
+    ema, model = ema_pair(10, torch.float32, 2, impl.device)
+    with pytest.raises(RuntimeError, match="differ in shape"):
+        impl.ops.ema_update(ema, model[:5], torch.tensor(0.5))
+    with pytest.raises(RuntimeError, match="contiguous"):
+        impl.ops.ema_update(ema.view(2, 5).t(), model.view(2, 5).t(), torch.tensor(0.5))
+    with pytest.raises(RuntimeError, match="one value"):
+        impl.ops.ema_update(ema, model, torch.tensor([0.5, 0.5]))

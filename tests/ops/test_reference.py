@@ -5,28 +5,10 @@ import math
 
 import pytest
 import torch
+from op_inputs import F64, assign, ciou_py, close, small_scene, t64
 
 from yolofast.ops import backend, bbox_loss, ema_update, tal_assign
 from yolofast.ops.reference import bbox_ciou, bbox_decode, bbox_loss_ref, ema_update_ref, tal_assign_ref
-
-F64 = torch.float64
-
-
-def t64(x):
-    return torch.tensor(x, dtype=F64)
-
-
-def close(got, expected, rel=1e-7, abs=1e-12):
-    torch.testing.assert_close(got.to(F64), t64(expected), rtol=rel, atol=abs)
-
-
-def assign(scores, pd, anc, labels, gts, mask=None, **kw):
-    """tal_assign_ref on one image (B = 1), inputs as nested lists, in float64."""
-    scores, pd, anc, gts = t64([scores]), t64([pd]), t64(anc), t64([gts]).reshape(1, -1, 4)
-    labels = t64([labels]).reshape(1, -1, 1)
-    mask = torch.ones_like(labels) if mask is None else t64([mask]).reshape(1, -1, 1)
-    return tal_assign_ref(scores, pd, anc, labels, gts, mask, **kw)
-
 
 # ---------------------------------------------------------------------------------------------- CIoU
 
@@ -61,31 +43,18 @@ def test_ciou_broadcasts():
     assert out[1, 2].item() == pytest.approx(0.23708163, abs=1e-6)
 
 
-def _ciou_py(a, b, alpha=None, eps=1e-7):
-    """Scalar CIoU with an optional frozen alpha (used to check alpha is a constant in the gradient)."""
-    w1, h1, w2, h2 = a[2] - a[0], a[3] - a[1] + eps, b[2] - b[0], b[3] - b[1] + eps
-    inter = max(min(a[2], b[2]) - max(a[0], b[0]), 0) * max(min(a[3], b[3]) - max(a[1], b[1]), 0)
-    iou = inter / (w1 * h1 + w2 * h2 - inter + eps)
-    c2 = (max(a[2], b[2]) - min(a[0], b[0])) ** 2 + (max(a[3], b[3]) - min(a[1], b[1])) ** 2 + eps
-    rho2 = ((b[0] + b[2] - a[0] - a[2]) ** 2 + (b[1] + b[3] - a[1] - a[3]) ** 2) / 4
-    v = 4 / math.pi**2 * (math.atan(w2 / h2) - math.atan(w1 / h1)) ** 2
-    if alpha is None:
-        alpha = v / (v - iou + 1 + eps)
-    return iou - (rho2 / c2 + v * alpha), alpha
-
-
 def test_ciou_gradient_holds_alpha_constant():
     box1, box2 = [0.3, 0.1, 2.2, 1.4], [0.0, 0.5, 1.1, 2.6]
     b1 = t64(box1).requires_grad_()
     bbox_ciou(b1, t64(box2)).backward()
-    _, alpha0 = _ciou_py(box1, box2)
+    _, alpha0 = ciou_py(box1, box2)
     h = 1e-6
     for i in range(4):
         up, dn = list(box1), list(box1)
         up[i] += h
         dn[i] -= h
-        frozen = (_ciou_py(up, box2, alpha0)[0] - _ciou_py(dn, box2, alpha0)[0]) / (2 * h)
-        full = (_ciou_py(up, box2)[0] - _ciou_py(dn, box2)[0]) / (2 * h)
+        frozen = (ciou_py(up, box2, alpha0)[0] - ciou_py(dn, box2, alpha0)[0]) / (2 * h)
+        full = (ciou_py(up, box2)[0] - ciou_py(dn, box2)[0]) / (2 * h)
         assert b1.grad[i].item() == pytest.approx(frozen, abs=1e-7)
         if i in (0, 2):  # the width enters v, so letting alpha vary changes the x-gradients
             assert abs(b1.grad[i].item() - full) > 1e-5
@@ -261,7 +230,7 @@ def test_assign_score_normalisation():
 def test_assign_low_precision_inputs_compute_in_fp32():
     torch.manual_seed(1)
     B, A, C, M = 2, 64, 4, 3
-    args = _random_scene(B, A, C, M)
+    args = small_scene(B, A, C, M)
     out32 = tal_assign_ref(*[a.float() if a.is_floating_point() else a for a in args])
     sc16 = args[0].to(torch.bfloat16)
     out16 = tal_assign_ref(sc16, *[a.float() for a in args[1:]])
@@ -298,7 +267,7 @@ def _assign_loop(scores, pd, anc, labels, gts, mask, topk, alpha=0.5, beta=6.0, 
                 cx, cy = anc[a].tolist()
                 if cx - x1 > eps and cy - y1 > eps and x2 - cx > eps and y2 - cy > eps:
                     cand[g][a] = True
-                    ov[g][a] = max(_ciou_py(gts[b, g].tolist(), pd[b, a].tolist())[0], 0.0)
+                    ov[g][a] = max(ciou_py(gts[b, g].tolist(), pd[b, a].tolist())[0], 0.0)
                     s = scores[b, a, int(labels[b, g, 0])].item()
                     al[g][a] = s**alpha * ov[g][a] ** beta
         sel = [
@@ -325,27 +294,10 @@ def _assign_loop(scores, pd, anc, labels, gts, mask, topk, alpha=0.5, beta=6.0, 
     return out_fg, out_idx, out_sc
 
 
-def _random_scene(B, A, C, M):
-    side = int(math.isqrt(A))
-    ys, xs = torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij")
-    anc = (torch.stack((xs, ys), -1).reshape(-1, 2).to(F64) + 0.5) * 8  # an 8 px grid
-    size = side * 8
-    ctr = torch.rand(B, M, 2, dtype=F64) * size
-    wh = torch.rand(B, M, 2, dtype=F64) * size / 2 + 1  # some under 16 px
-    gts = torch.cat((ctr - wh / 2, ctr + wh / 2), -1)
-    jitter = torch.randn(B, anc.shape[0], 4, dtype=F64) * 6
-    pd = torch.cat((anc - 12, anc + 12), -1) + jitter
-    pd = torch.cat((pd[..., :2], torch.maximum(pd[..., 2:], pd[..., :2] + 1)), -1)
-    scores = torch.rand(B, anc.shape[0], C, dtype=F64)
-    labels = torch.randint(0, C, (B, M, 1)).to(F64)
-    mask = (torch.rand(B, M, 1) < 0.8).to(F64)
-    return scores, pd, anc, labels, gts, mask
-
-
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_assign_matches_literal_loop_reading(seed):
     torch.manual_seed(seed)
-    args = _random_scene(B=2, A=100, C=3, M=6)
+    args = small_scene(B=2, A=100, C=3, M=6)
     topk = 4  # small, so GTs overlap and compete for anchors
     labels, boxes, tscores, fg, idx = tal_assign_ref(*args, topk=topk)
     exp_fg, exp_idx, exp_sc = _assign_loop(*args, topk=topk)
@@ -476,7 +428,7 @@ def test_ema_update_ref_in_place():
 
 def test_public_wrappers_dispatch_to_reference():
     torch.manual_seed(0)
-    args = [a.float() for a in _random_scene(B=1, A=64, C=3, M=4)]
+    args = [a.float() for a in small_scene(B=1, A=64, C=3, M=4)]
     with backend("ref"):
         for got, exp in zip(tal_assign(*args, topk=5), tal_assign_ref(*args, topk=5)):
             assert torch.equal(got, exp)

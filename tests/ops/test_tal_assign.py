@@ -1,4 +1,6 @@
-"""The C++ sparse assigner (csrc/cpu/tal_assign_kernel.cpp) against reference.tal_assign_ref.
+"""tal_assign: the C++ sparse assigner (csrc/cpu/tal_assign_kernel.cpp), and the CUDA one (csrc/cuda, on a GPU
+or the CPU emulation: the ``impl`` fixture) against reference.tal_assign_ref. The Triton kernel:
+test_triton_tal_assign.py. Scenes and tolerances: op_inputs.py.
 
 Integer outputs (labels, fg_mask, target_gt_idx) must be exactly equal and the boxes too (they are gathers);
 scores to rtol 1e-6 (+ atol 1e-10). The kernel takes atan from at::atan and pow from the SLEEF function
@@ -19,8 +21,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from cuda_emulation import Impl, gpu
+from op_inputs import ALPHA, ASSIGN_SCORE_TOL, BETA, EPS, NAMES, TOPK, anchors_px, random_scene
 
-from yolofast.boxes import make_anchors
 from yolofast.ops import reference
 from yolofast.ops.reference import tal_assign_ref
 
@@ -41,62 +44,13 @@ def op():
     return _load_op()
 
 
-TOPK, ALPHA, BETA, EPS = 10, 0.5, 6.0, 1e-9
-NAMES = ("target_labels", "target_bboxes", "target_scores", "fg_mask", "target_gt_idx")
-
-
-def anchors_px(imgsz: int, dtype=torch.float32) -> torch.Tensor:
-    feats = [torch.empty(1, 1, imgsz // s, imgsz // s, dtype=dtype) for s in (8, 16, 32)]
-    pts, stride = make_anchors(feats, (8, 16, 32))
-    return pts * stride
-
-
-def random_scene(
-    seed, B=2, imgsz=640, M=50, C=80, pad=True, dtype=torch.float32, min_side=1.0, max_side=None
-):
-    """GTs of every size (1 px .. 0.9 * imgsz, log-uniform; tiny ones get widened), centres up to 20 px
-    past the border; predictions: half are jittered copies of a GT of the image (so CIoU > 0 and GTs
-    compete), half are random boxes around their anchor. mask_gt pads each image to M with garbage rows."""
-    g = torch.Generator().manual_seed(seed)
-    anc = anchors_px(imgsz, dtype)
-    A = anc.shape[0]
-
-    def U(*s):
-        return torch.rand(*s, generator=g, dtype=dtype)
-
-    max_side = max_side or imgsz * 0.9
-    centre = U(B, M, 2) * (imgsz + 40) - 20
-    wh = torch.exp(U(B, M, 2) * (math.log(max_side) - math.log(min_side)) + math.log(min_side))
-    gt = torch.cat((centre - wh / 2, centre + wh / 2), -1)
-    labels = torch.randint(0, C, (B, M, 1), generator=g).to(dtype)
-    if pad:
-        n_real = torch.randint(0, M + 1, (B,), generator=g)
-        mask = (torch.arange(M)[None] < n_real[:, None]).to(dtype)[..., None]
-        # padding rows hold garbage that must be ignored
-        gt = torch.where(mask.bool(), gt, U(B, M, 4) * imgsz)
-        labels = torch.where(mask.bool(), labels, torch.full_like(labels, -1))
-    else:
-        mask = torch.ones(B, M, 1, dtype=dtype)
-    pick = torch.randint(0, M, (B, A), generator=g)
-    base = gt.gather(1, pick[..., None].expand(B, A, 4))
-    size = (base[..., 2:] - base[..., :2]).repeat(1, 1, 2)
-    jittered = base + (U(B, A, 4) - 0.5) * 0.4 * size
-    own_wh = torch.exp(U(B, A, 2) * 5 + 1.0)
-    own_c = anc[None] + (U(B, A, 2) - 0.5) * 16
-    own = torch.cat((own_c - own_wh / 2, own_c + own_wh / 2), -1)
-    pd = torch.where(U(B, A, 1) < 0.5, jittered, own)
-    pd = torch.cat((torch.minimum(pd[..., :2], pd[..., 2:]), torch.maximum(pd[..., :2], pd[..., 2:])), -1)
-    scores = torch.sigmoid(torch.randn(B, A, C, generator=g, dtype=dtype) * 2 - 2)
-    return scores, pd, anc, labels, gt, mask
-
-
 def run_both(op, args, topk=TOPK, alpha=ALPHA, beta=BETA, eps=EPS):
     ref = tal_assign_ref(*args, topk=topk, alpha=alpha, beta=beta, eps=eps)
     out = op(*args, topk, alpha, beta, eps)
     return ref, out
 
 
-def assert_same(ref, out, score_rtol=1e-6, score_atol=1e-10):
+def assert_same(ref, out, score_rtol=ASSIGN_SCORE_TOL["cpp"][0], score_atol=ASSIGN_SCORE_TOL["cpp"][1]):
     for name, r, o in zip(NAMES, ref, out):
         assert o.dtype == r.dtype, f"{name}: dtype {o.dtype} != reference {r.dtype}"
         assert o.shape == r.shape, f"{name}: shape {tuple(o.shape)} != reference {tuple(r.shape)}"
@@ -554,3 +508,202 @@ def test_maps_per_anchor_scores_are_the_dense_rows(op, seed):
                                                ALPHA, BETA, EPS, False)
     assert empty[2].shape == dense[2].shape[:2] and not empty[2].any()
     torch.library.opcheck(torch.ops.yolofast.tal_assign.maps, (maps, 4, *args, False))
+
+
+# ---------------------------------------- the same checks on the CUDA kernels (a GPU, or the CPU emulation)
+# ------------------------------------------------------------------------------------------- tal_assign
+def _tal_check(impl, args, score_rtol=None, score_atol=None, **kw):
+    """Integer outputs and boxes exactly; scores to rounding. On a GPU the kernel's float math is torch's
+    own (same CUDA atan/pow): 1e-6. The emulation calls glibc's powf/atanf where the CPU reference uses
+    SLEEF/MKL: an ulp of overlap, raised to the 6th power, moves a score by up to ~2e-6 relative."""
+    args = impl.to(args)
+    score_rtol = score_rtol or ASSIGN_SCORE_TOL[impl.name][0]
+    score_atol = score_atol or ASSIGN_SCORE_TOL[impl.name][1]
+    hp = {"topk": TOPK, "alpha": ALPHA, "beta": BETA, "eps": EPS, **kw}
+    ref = tal_assign_ref(*args, **hp)
+    out = impl.tal(args, **hp)
+    for name, r, o in zip(NAMES, ref, out):
+        assert o.dtype == r.dtype, f"{name}: dtype {o.dtype} != reference {r.dtype}"
+        assert o.shape == r.shape and o.device == r.device, f"{name}: {o.shape} {o.device} vs {r.shape}"
+        if name == "target_scores":
+            msg = lambda m, n=name: f"{n}: {m}"  # noqa: E731
+            torch.testing.assert_close(o, r, rtol=score_rtol, atol=score_atol, msg=msg)
+        else:
+            diff = (o != r) if not o.is_floating_point() else ~((o == r) | (o.isnan() & r.isnan()))
+            assert not diff.any(), f"{name}: {int(diff.sum())} differ, first at {diff.nonzero()[:5].tolist()}"
+    return ref, out
+
+
+def _kernel_one_image(gt_boxes, labels, pd_box, C=4, score=0.5):
+    anc = anchors_px(640)
+    A = anc.shape[0]
+    gt = torch.tensor(gt_boxes, dtype=torch.float32)[None]
+    M = gt.shape[1]
+    lab = torch.tensor(labels, dtype=torch.float32).view(1, M, 1)
+    pd = torch.as_tensor(pd_box, dtype=torch.float32).expand(1, A, 4).clone()
+    return torch.full((1, A, C), score), pd, anc, lab, gt, torch.ones(1, M, 1)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_tal_random_scenes(impl, seed):
+    M = (1, 8, 40, 120, 300)[seed % 5]
+    ref, _ = _tal_check(impl, random_scene(seed, B=2, M=M, pad=seed % 3 != 0))
+    if M >= 40:  # the scenes must exercise the assigner, not only background
+        assert int(ref[3].sum()) > 10 * (M // 40)
+
+
+def test_tal_float64_takes_the_two_pass_conflict_resolution(impl):
+    for seed, M in ((100, 5), (101, 60)):
+        _, out = _tal_check(impl, random_scene(seed, B=2, M=M, dtype=torch.float64))
+        assert out[2].dtype == torch.float64
+
+
+def test_tal_mixed_dtypes(impl):
+    scores, pd, anc, labels, gt, mask = random_scene(7, B=2, M=60)
+    _tal_check(impl, (scores.bfloat16(), pd, anc, labels, gt, mask), score_rtol=1e-2, score_atol=1e-6)
+    _tal_check(impl, (scores, pd, anc, labels.long(), gt.double(), mask.bool()))
+
+
+@pytest.mark.parametrize(
+    "topk,alpha,beta",
+    [(13, 1.0, 2.0), (1, 0.5, 6.0), (10, 0.25, 3.5), (10, 0.5, 0.0), (0, 0.5, 6.0), (100, 0.5, 6.0)],
+)
+def test_tal_hyperparameters(impl, topk, alpha, beta):
+    _tal_check(impl, random_scene(11, B=2, M=80), topk=topk, alpha=alpha, beta=beta)
+
+
+def test_tal_topk_ties_go_to_the_lower_anchor_index(impl):
+    args = _kernel_one_image([[200.0, 200.0, 300.0, 260.0]], [1], [205.0, 202.0, 298.0, 262.0])
+    _, out = _tal_check(impl, args)
+    anc = args[2]
+    inside = (anc[:, 0] > 200) & (anc[:, 0] < 300) & (anc[:, 1] > 200) & (anc[:, 1] < 260)
+    assert out[3][0].cpu().nonzero().squeeze(1).tolist() == inside.nonzero().squeeze(1)[:TOPK].tolist()
+
+
+def test_tal_identical_gts_tie_to_the_lowest_index(impl):
+    box, other = [300.0, 100.0, 380.0, 150.0], [20.0, 500.0, 90.0, 600.0]
+    scene = _kernel_one_image([other, box, box, box], [0, 1, 2, 3], [302.0, 101.0, 377.0, 152.0])
+    _, out = _tal_check(impl, scene)
+    fg, idx = out[3][0].cpu(), out[4][0].cpu()
+    assert int(fg.sum()) == TOPK and set(idx[fg].tolist()) == {1}
+
+
+def test_tal_conflict_goes_to_the_best_overlap_even_if_it_did_not_select(impl):
+    gts = [[100.0, 100.0, 260.0, 260.0], [120.0, 120.0, 250.0, 250.0], [100.0, 100.0, 260.0, 260.0]]
+    scores, pd, anc, lab, gt, mask = _kernel_one_image(gts, [0, 1, 0], gts[1])
+    scores = scores * (0.5 + torch.rand(scores.shape, generator=torch.Generator().manual_seed(0)))
+    scores[..., 1] *= 0.01
+    _, out = _tal_check(impl, (scores, pd, anc, lab, gt, mask))
+    assert (out[4][0][out[3][0]] == 1).any()
+
+
+def test_tal_anchors_on_box_edges_and_small_boxes(impl):
+    def step(v, n):  # v moved by n float32 ulps
+        t = torch.tensor(v, dtype=torch.float32)
+        for _ in range(abs(n)):
+            t = torch.nextafter(t, torch.tensor(math.inf if n > 0 else -math.inf))
+        return t.item()
+
+    gts = [
+        [100.0, 100.0, 164.0, 132.0],  # all four sides on stride-8 centres: excluded (strict inequality)
+        [step(4.0, -1), step(4.0, -1), step(20.0, 1), step(20.0, 1)],  # one ulp outside: included
+        [step(4.0, 1), step(300.0, 1), step(36.0, -1), 340.0],  # one ulp inside: excluded
+        [600.0, 600.0, 636.0, 636.0],  # the bottom-right corner
+        [50.0, 50.0, 52.0, 53.0],  # 2 x 3 px: widened to 16 px
+        [400.0, 40.0, 416.0, 41.0],
+    ]
+    scores, pd, anc, lab, gt, mask = _kernel_one_image(gts, [0, 1, 2, 3, 0, 1], gts[0])
+    pd = torch.cat((anc - 10, anc + 10), -1)[None]
+    _, out = _tal_check(impl, (scores, pd, anc, lab, gt, mask), topk=100)
+    assert bool(out[3][0, 0]) and int(out[4][0, 0]) == 1
+
+
+def test_tal_no_gt_slots_and_all_padding(impl):
+    scores, pd, anc, labels, gt, mask = random_scene(3, B=2, M=6)
+    _, out = _tal_check(impl, (scores, pd, anc, labels[:, :0], gt[:, :0], mask[:, :0]))
+    assert (out[0] == scores.shape[-1]).all() and not out[3].any()
+    labels[0, 0], labels[1, 0] = 3.0, -1.0
+    _, out = _tal_check(impl, (scores, pd, anc, labels, gt, torch.zeros_like(mask)))
+    assert not out[3].any()
+
+
+def test_tal_out_of_range_labels(impl):
+    scores, pd, anc, labels, gt, mask = random_scene(5, B=2, M=30, pad=False)
+    labels[0, :3, 0] = torch.tensor([-1.0, 80.0, 200.0])
+    _tal_check(impl, (scores, pd, anc, labels, gt, mask))
+
+
+@pytest.mark.parametrize(
+    "kind", ["random_points", "perturbed_grid", "single_level", "levels_reversed", "few"]
+)
+def test_tal_anchors_that_are_not_make_anchors_grid(impl, kind):
+    """The device-side grid inference must notice (full scan) or describe them exactly."""
+    scores, pd, anc, labels, gt, mask = random_scene(21, B=2, M=40)
+    g = torch.Generator().manual_seed(1)
+    if kind == "random_points":
+        anc = torch.rand(anc.shape, generator=g) * 640
+    elif kind == "perturbed_grid":
+        anc = anc.clone()
+        anc[1234, 0] = torch.nextafter(anc[1234, 0], torch.tensor(1e9))
+        anc[5000, 1] -= 3.0
+    elif kind == "levels_reversed":  # still grids, stride 32 first
+        order = torch.cat((torch.arange(8000, 8400), torch.arange(6400, 8000), torch.arange(0, 6400)))
+        anc, scores, pd = anc[order], scores[:, order], pd[:, order]
+    elif kind == "single_level":
+        anc = anchors_px(640)[:6400].flip(0)
+        scores, pd = scores[:, :6400], pd[:, :6400]
+    else:
+        idx = torch.randperm(anc.shape[0], generator=g)[:7]
+        anc, scores, pd = anc[idx], scores[:, idx], pd[:, idx]
+    _tal_check(impl, (scores, pd, anc, labels, gt, mask))
+    if kind == "few":
+        _tal_check(impl, (scores, pd, anc, labels, gt, mask), topk=30)  # topk > A
+
+
+def test_tal_nan_predictions_hold_topk_slots_but_are_never_positive(impl):
+    scores, pd, anc, labels, gt, mask = random_scene(20, B=1, M=8, pad=False)
+    g = torch.Generator().manual_seed(1)
+    A = scores.shape[1]
+    scores[0, torch.rand(A, generator=g) < 0.1] = float("nan")
+    pd[0, torch.rand(A, generator=g) < 0.05, 2] = float("nan")
+    _tal_check(impl, (scores, pd, anc, labels, gt, mask))
+
+
+def test_tal_every_output_element_is_written_and_runs_repeat(impl, monkeypatch):
+    args = impl.to(random_scene(9, B=2, M=50))
+    clean = impl.tal(args)
+    monkeypatch.setenv("YOLOFAST_POISON_OUTPUTS", "1")
+    poisoned = impl.tal(args)
+    for name, a, b in zip(NAMES, clean, poisoned):
+        assert torch.equal(a, b), name  # also: two runs give identical results
+
+
+def test_tal_bad_arguments_raise_clear_errors(impl):
+    scores, pd, anc, labels, gt, mask = impl.to(random_scene(14, B=2, M=5))
+    with pytest.raises(RuntimeError, match="tal_assign: anc_points"):
+        impl.tal((scores, pd, anc[:-1], labels, gt, mask))
+    with pytest.raises(RuntimeError, match="tal_assign: mask_gt"):
+        impl.tal((scores, pd, anc, labels, gt, mask[:, :4]))
+    with pytest.raises(RuntimeError, match="tal_assign: topk"):
+        impl.tal((scores, pd, anc, labels, gt, mask), topk=-1)
+    with pytest.raises(RuntimeError, match="topk must be <= 1024"):
+        impl.tal((scores, pd, anc, labels, gt, mask), topk=5000)
+
+
+@gpu
+@pytest.mark.cuda
+def test_gpu_dense_scene_and_memory(cuda_ops):
+    """B=2, 640 px, 1,000 GT per image: identical to the reference, in a fraction of its memory."""
+    args = tuple(a.cuda() for a in random_scene(31, B=2, M=1000, pad=False, min_side=4.0, max_side=96.0))
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = cuda_ops.tal_assign(*args, TOPK, ALPHA, BETA, EPS)
+    torch.cuda.synchronize()
+    ours = torch.cuda.max_memory_allocated() - base
+    del out
+    torch.cuda.reset_peak_memory_stats()
+    ref, _ = _tal_check(Impl("gpu", "cuda", cuda_ops), args)
+    theirs = torch.cuda.max_memory_allocated() - base
+    assert int(ref[3].sum()) > 1000
+    assert ours * 20 < theirs, (ours, theirs)

@@ -126,7 +126,7 @@ def collect_meta(device: str, threads: int) -> dict:
     """versions, device, threads, git commit and a UTC timestamp for the JSON header."""
     import torch
 
-    import yolofast
+    from yolofast import __version__
 
     commit, dirty = _git_commit()
     if device.startswith("cuda"):
@@ -140,7 +140,7 @@ def collect_meta(device: str, threads: int) -> dict:
         "git_commit": commit,
         "git_dirty": dirty,
         "versions": {
-            "yolofast": yolofast.__version__,
+            "yolofast": __version__,
             "torch": torch.__version__,
             "triton": _version("triton"),
             "python": platform.python_version(),

@@ -71,7 +71,7 @@ OTHER_TASK_KEYS = {
 # Keys whose value may be of any type (model may be an nn.Module, data a dict, time/device/name None...);
 # the ones with a rule of their own are checked in _CHECKS.
 _FREE = {"model", "data", "device", "name", "time", "resume", "amp", "compile", "project", "optimizer",
-         "split", "fraction", "freeze", "pretrained", "quantize", "nms", "channels_last", "cfg"}
+         "split", "fraction", "freeze", "pretrained", "quantize", "nms", "channels_last", "cfg", "cache"}
 _MODES = ("train", "val", "predict", "export")
 
 
@@ -173,6 +173,7 @@ _CHECKS = {
     "cutmix": _in_range("cutmix", 0.0, 1.0),
     "copy_paste": _in_range("copy_paste", 0.0, 1.0),
     "copy_paste_mode": _one_of("copy_paste_mode", ("flip", "mixup")),
+    "cache": _one_of("cache", (False, True, "ram", "disk")),  # True: "ram" (Ultralytics' names)
 }
 
 

@@ -14,11 +14,12 @@ import numpy as np
 PAD = 114  # grey fill of letterbox/mosaic/affine borders (Ultralytics value)
 
 
-def resize_long_side(img: np.ndarray, imgsz: int, augment: bool) -> np.ndarray:
-    """Resize so the long side is imgsz, keeping the aspect ratio."""
-    h0, w0 = img.shape[:2]
+def resize_long_side(img: np.ndarray, imgsz: int, augment: bool, hw0=None) -> np.ndarray:
+    """Resize so the long side is imgsz, keeping the aspect ratio of ``hw0`` (the original (h, w) of an
+    image decoded at reduced scale; default: img's own shape)."""
+    h0, w0 = hw0 if hw0 is not None else img.shape[:2]
     r = imgsz / max(h0, w0)
-    if r == 1:
+    if r == 1 and img.shape[:2] == (h0, w0):
         return img
     # INTER_AREA when shrinking for eval gives cleaner pixels; training uses the cheaper INTER_LINEAR.
     interp = cv2.INTER_LINEAR if (augment or r > 1) else cv2.INTER_AREA
@@ -48,20 +49,15 @@ def letterbox(img: np.ndarray, new_shape=640, color=(PAD, PAD, PAD), scaleup: bo
     return img, r, (left, top)
 
 
-def mosaic4(images, boxes, classes, imgsz: int, rng: np.random.Generator):
-    """Place 4 images around a random centre of a (2*imgsz)^2 grey canvas.
-
-    images: 4 HWC uint8 images (long side <= imgsz); boxes: their pixel xyxy boxes; classes: (n_i, 1).
-    Returns (canvas, boxes, classes), boxes shifted onto the canvas and clipped to it.
-    """
+def mosaic_layout(hws, imgsz: int, rng: np.random.Generator):
+    """Where the 4 images of a mosaic go: a random centre of the (2*imgsz)^2 canvas, then per image
+    (xa1, ya1, xa2, ya2) on the canvas, (xb1, yb1) the corner of the part of the image shown there, and
+    the quadrant (y1, y2, x1, x2) it lies in. hws: the 4 images' (h, w)."""
     s = imgsz
-    c = images[0].shape[2]
-    canvas = np.full((2 * s, 2 * s, c), PAD, dtype=np.uint8)
     # Centre in the middle half so every quadrant keeps >= s/2 of its side, like Ultralytics' border -s/2.
     xc, yc = (int(v) for v in rng.uniform(s / 2, 3 * s / 2, 2))
-    out_b, out_c = [], []
-    for i, (img, b, cl) in enumerate(zip(images, boxes, classes)):
-        h, w = img.shape[:2]
+    out = []
+    for i, (h, w) in enumerate(hws):
         if i == 0:  # top-left: its bottom-right corner at the centre
             xa1, ya1, xa2, ya2 = max(xc - w, 0), max(yc - h, 0), xc, yc
             xb1, yb1 = w - (xa2 - xa1), h - (ya2 - ya1)
@@ -74,17 +70,55 @@ def mosaic4(images, boxes, classes, imgsz: int, rng: np.random.Generator):
         else:  # bottom-right
             xa1, ya1, xa2, ya2 = xc, yc, min(xc + w, 2 * s), min(yc + h, 2 * s)
             xb1, yb1 = 0, 0
-        canvas[ya1:ya2, xa1:xa2] = img[yb1:yb1 + (ya2 - ya1), xb1:xb1 + (xa2 - xa1)]
+        quadrant = (0 if i < 2 else yc, yc if i < 2 else 2 * s, 0 if i % 2 == 0 else xc,
+                    xc if i % 2 == 0 else 2 * s)
+        out.append(((xa1, ya1, xa2, ya2), (xb1, yb1), quadrant))
+    return out
+
+
+def mosaic_boxes(layout, boxes, classes, imgsz: int):
+    """The 4 images' pixel xyxy boxes shifted onto the mosaic canvas and clipped to it."""
+    out_b, out_c = [], []
+    for ((xa1, ya1, _, _), (xb1, yb1), _), b, cl in zip(layout, boxes, classes):
         if len(b):
             out_b.append(b + np.array([xa1 - xb1, ya1 - yb1] * 2, dtype=np.float32))
             out_c.append(cl)
-    if out_b:
-        b = np.concatenate(out_b)
-        np.clip(b, 0, 2 * s, out=b)  # the cut parts of each image lie outside the canvas only
-        cl = np.concatenate(out_c)
-    else:
-        b, cl = np.zeros((0, 4), np.float32), np.zeros((0, 1), np.float32)
+    if not out_b:
+        return np.zeros((0, 4), np.float32), np.zeros((0, 1), np.float32)
+    b = np.concatenate(out_b)
+    np.clip(b, 0, 2 * imgsz, out=b)  # the cut parts of each image lie outside the canvas only
+    return b, np.concatenate(out_c)
+
+
+def mosaic4(images, boxes, classes, imgsz: int, rng: np.random.Generator):
+    """Place 4 images around a random centre of a (2*imgsz)^2 grey canvas.
+
+    images: 4 HWC uint8 images (long side <= imgsz); boxes: their pixel xyxy boxes; classes: (n_i, 1).
+    Returns (canvas, boxes, classes), boxes shifted onto the canvas and clipped to it.
+    """
+    s = imgsz
+    canvas = _canvas((2 * s, 2 * s, images[0].shape[2]))  # only the parts no image covers are filled
+    layout = mosaic_layout([im.shape[:2] for im in images], s, rng)
+    for img, ((xa1, ya1, xa2, ya2), (xb1, yb1), quadrant) in zip(images, layout):
+        canvas[ya1:ya2, xa1:xa2] = img[yb1:yb1 + (ya2 - ya1), xb1:xb1 + (xa2 - xa1)]
+        _fill_around(canvas, (ya1, ya2, xa1, xa2), quadrant)
+    b, cl = mosaic_boxes(layout, boxes, classes, s)
     return canvas, b, cl
+
+
+def _canvas(shape) -> np.ndarray:
+    return np.empty(shape, np.uint8)
+
+
+def _fill_around(canvas, tile, quadrant) -> None:
+    """Fill the grey border of one mosaic quadrant (y1, y2, x1, x2) around its image's tile: filling
+    the whole (2s)^2 canvas first wrote ~40 % of a 640-px mosaic's pixels twice (coco128)."""
+    ty1, ty2, tx1, tx2 = tile
+    qy1, qy2, qx1, qx2 = quadrant
+    canvas[qy1:ty1, qx1:qx2] = PAD
+    canvas[ty2:qy2, qx1:qx2] = PAD
+    canvas[ty1:ty2, qx1:tx1] = PAD
+    canvas[ty1:ty2, tx2:qx2] = PAD
 
 
 def box_candidates(old: np.ndarray, new: np.ndarray, wh_thr=2.0, ar_thr=100.0, area_thr=0.1, eps=1e-16):
@@ -157,19 +191,67 @@ def random_affine(img, boxes, classes, rng, degrees=0.0, translate=0.1, scale=0.
     return img, boxes, classes
 
 
-def augment_hsv(img: np.ndarray, rng, hgain=0.5, sgain=0.5, vgain=0.5) -> np.ndarray:
-    """Random hue/saturation/value gains on a BGR uint8 image through 256-entry LUTs -> a new image
-    (never in place: the input may be a RAM-cached image)."""
-    if not (hgain or sgain or vgain):
-        return img
-    r = rng.uniform(-1, 1, 3) * (hgain, sgain, vgain) + 1
-    hue, sat, val = cv2.split(cv2.cvtColor(img, cv2.COLOR_BGR2HSV))
+def mosaic_affine(images, boxes, classes, imgsz: int, rng, degrees=0.0, translate=0.1, scale=0.5, shear=0.0,
+                  perspective=0.0):
+    """``mosaic4`` then ``random_affine(border=-imgsz // 2)`` -- the same draws, boxes and (within the
+    warp's fixed-point rounding) pixels -- building only the part of the (2s)^2 canvas the warp reads: the
+    output's preimage, 1/scale^2 of s^2 (4/3 s^2 on average for scale=0.5, against 4 s^2)."""
+    s = imgsz
+    if perspective:  # a projective preimage need not be the hull of the corners': the full canvas
+        img, b, cl = mosaic4(images, boxes, classes, s, rng)
+        return random_affine(img, b, cl, rng, degrees, translate, scale, shear, perspective, border=-(s // 2))
+    layout = mosaic_layout([im.shape[:2] for im in images], s, rng)
+    b, cl = mosaic_boxes(layout, boxes, classes, s)
+    M, sc = affine_matrix((2 * s, 2 * s), (s, s), rng, degrees, translate, scale, shear, perspective)
+    corners = np.linalg.inv(M)[:2] @ np.array([[0, s, 0, s], [0, 0, s, s], [1, 1, 1, 1]], np.float64)
+    # +-2 px: bilinear reads the pixel right/below a sample point, and the warp rounds coordinates
+    x0, y0 = (max(int(np.floor(v)) - 2, 0) for v in corners.min(1))
+    x1, y1 = (min(int(np.ceil(v)) + 3, 2 * s) for v in corners.max(1))
+    x1, y1 = max(x1, x0 + 1), max(y1, y0 + 1)
+    sub = np.full((y1 - y0, x1 - x0, images[0].shape[2]), PAD, np.uint8)
+    for img, ((xa1, ya1, xa2, ya2), (xb1, yb1), _) in zip(images, layout):
+        cx1, cy1, cx2, cy2 = max(xa1, x0), max(ya1, y0), min(xa2, x1), min(ya2, y1)
+        if cx2 > cx1 and cy2 > cy1:
+            sub[cy1 - y0:cy2 - y0, cx1 - x0:cx2 - x0] = img[yb1 + cy1 - ya1:yb1 + cy2 - ya1,
+                                                            xb1 + cx1 - xa1:xb1 + cx2 - xa1]
+    shift = np.array([[1, 0, x0], [0, 1, y0], [0, 0, 1]], np.float64)
+    img = cv2.warpAffine(sub, (M @ shift)[:2], dsize=(s, s), borderValue=(PAD, PAD, PAD))
+    if len(b):
+        new = transform_boxes(b, M, (s, s))
+        keep = box_candidates(b * sc, new)
+        b, cl = new[keep], cl[keep]
+    return img, b, cl
+
+
+def hsv_gains(rng, hgain, sgain, vgain) -> np.ndarray:
+    """The random (hue, saturation, value) multipliers of one image: 1 + U(-1, 1) x gain each."""
+    return rng.uniform(-1, 1, 3) * (hgain, sgain, vgain) + 1
+
+
+def hsv_luts(r) -> np.ndarray:
+    """(256, 3) uint8 tables of gains ``r``: hue x r0 mod 180 (OpenCV's 8-bit hue), s and v x r clipped."""
     x = np.arange(256, dtype=np.float64)
-    lut_h = ((x * r[0]) % 180).astype(np.uint8)  # OpenCV 8-bit hue spans 0..179
-    lut_s = np.clip(x * r[1], 0, 255).astype(np.uint8)
-    lut_v = np.clip(x * r[2], 0, 255).astype(np.uint8)
-    hsv = cv2.merge((cv2.LUT(hue, lut_h), cv2.LUT(sat, lut_s), cv2.LUT(val, lut_v)))
-    return cv2.cvtColor(hsv, cv2.COLOR_HSV2BGR)
+    lut = np.empty((256, 3), np.uint8)
+    lut[:, 0] = (x * r[0]) % 180
+    lut[:, 1] = np.clip(x * r[1], 0, 255)
+    lut[:, 2] = np.clip(x * r[2], 0, 255)
+    return lut
+
+
+def augment_hsv(img: np.ndarray, rng, hgain=0.5, sgain=0.5, vgain=0.5, to_rgb: bool = False) -> np.ndarray:
+    """Random hue/saturation/value gains on a BGR uint8 image -> a new image, BGR (RGB with ``to_rgb``: the
+    colour swap rides on the conversion back from HSV for free). Never in place: the input may be a
+    RAM-cached image.
+
+    BGR->HSV, one 3-channel LUT (hue x gain mod 180, saturation and value x gain clipped), HSV->BGR/RGB:
+    the same pixels as a LUT per split channel, in 2.4 ms instead of 5.4 ms at 640x640 (AMD EPYC, 1 thread).
+    """
+    if not (hgain or sgain or vgain):
+        return cv2.cvtColor(img, cv2.COLOR_BGR2RGB) if to_rgb else img
+    r = hsv_gains(rng, hgain, sgain, vgain)
+    hsv = cv2.cvtColor(img, cv2.COLOR_BGR2HSV)
+    cv2.LUT(hsv, hsv_luts(r).reshape(256, 1, 3), dst=hsv)
+    return cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB if to_rgb else cv2.COLOR_HSV2BGR)
 
 
 def flip_lr(img, boxes):
@@ -177,7 +259,7 @@ def flip_lr(img, boxes):
     if len(boxes):
         boxes = boxes.copy()
         boxes[:, [0, 2]] = w - boxes[:, [2, 0]]
-    return np.ascontiguousarray(img[:, ::-1]), boxes
+    return cv2.flip(img, 1), boxes  # a new array (the input may be cached); 3x faster than a [:, ::-1] copy
 
 
 def flip_ud(img, boxes):
@@ -185,7 +267,7 @@ def flip_ud(img, boxes):
     if len(boxes):
         boxes = boxes.copy()
         boxes[:, [1, 3]] = h - boxes[:, [3, 1]]
-    return np.ascontiguousarray(img[::-1]), boxes
+    return cv2.flip(img, 0), boxes
 
 
 def mixup(img1, boxes1, cls1, img2, boxes2, cls2, rng):

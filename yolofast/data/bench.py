@@ -54,6 +54,10 @@ def _ultralytics_dataset(train, imgsz, batch, cache, data):
     except ImportError:
         return None
     ULOGGER.setLevel("ERROR")
+    try:
+        import psutil  # noqa: F401  Ultralytics sizes cache=ram with it
+    except ImportError:  # without it its memory check fails: the bench's sets are small, skip the check
+        UDataset.check_cache_ram = lambda self, *a, **k: True
     hyp = get_cfg(DEFAULT_CFG, dict(imgsz=imgsz, cache=cache))
     return UDataset(img_path=train, imgsz=imgsz, batch_size=batch, augment=True, hyp=hyp, rect=False,
                     cache=cache or False, single_cls=False, stride=32, pad=0.0, prefix="ultralytics: ",
@@ -84,6 +88,99 @@ def measure(engines: dict, blocks: int, block_size: int, seed: int = 0) -> dict:
     return rates
 
 
+def loader_rates(make_dataset, batch: int, workers: tuple, n_batches: int, rounds: int) -> dict:
+    """Batches per wall second of a DataLoader over a fresh dataset per workers value (persistent workers,
+    started and warmed by 2 batches before timing), ``rounds`` alternating timings of ``n_batches``."""
+    from yolofast.data import build_dataloader
+
+    loaders = {w: build_dataloader(make_dataset(), batch, w, shuffle=True, seed=0) for w in workers}
+    its = {}
+    for w, ld in loaders.items():
+        its[w] = _endless(ld)
+        for _ in range(2):
+            next(its[w])
+    rates = {w: [] for w in workers}
+    cpu = {w: [] for w in workers}
+    for r in range(rounds):
+        for w in (workers if r % 2 == 0 else workers[::-1]):
+            c0, t0 = _cpu_seconds(loaders[w]), time.perf_counter()
+            for _ in range(n_batches):
+                next(its[w])
+            rates[w].append(n_batches / (time.perf_counter() - t0))
+            cpu[w].append((_cpu_seconds(loaders[w]) - c0) / n_batches)
+    return rates, cpu
+
+
+def _cpu_seconds(loader) -> float:
+    """CPU seconds used so far by this process and the loader's worker processes (Linux /proc)."""
+    import os
+
+    total = time.process_time()
+    it = getattr(loader, "_iterator", None)
+    for p in getattr(it, "_workers", []) or []:
+        try:
+            fields = Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            return float("nan")
+    return total
+
+
+def _endless(loader):
+    epoch = 0
+    while True:
+        if hasattr(loader.sampler, "set_epoch"):
+            loader.sampler.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+def device_table(train, nc, imgsz: int, batch: int, device: str, rounds: int = 5) -> list[str]:
+    """augment_device on ``device``: agreement with the CPU path (same draws), plans per CPU second (the
+    loader's share: file reads and draws), and the device's rendering rate (nvJPEG decode on CUDA)."""
+    import torch
+
+    from yolofast.data import build_dataset
+    from yolofast.data.device_aug import apply_plans, plan_sample
+
+    ds = build_dataset(train, imgsz=imgsz, augment=True, nc=nc, batch_size=batch, prefix="device: ")
+    n = min(batch, len(ds))
+    ds.reseed(0)
+    cpu = [ds[i] for i in range(n)]
+    ds.reseed(0)
+    plans = [plan_sample(ds, i, "cpu") for i in range(n)]
+    out = apply_plans(plans, device).cpu()
+    diff = torch.stack([(out[k].float() - cpu[k]["img"].float()).abs().mean() for k in range(n)])
+    box = max(float((p["bboxes"] - c["bboxes"]).abs().max()) if len(c["bboxes"]) else 0.0
+              for p, c in zip(plans, cpu))
+    dec = "device" if device.startswith("cuda") else "cpu"
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    t0 = time.process_time()
+    plans = [plan_sample(ds, i % len(ds), dec) for i in range(4 * batch)]
+    plan_rate = len(plans) / max(time.process_time() - t0, 1e-9)
+    t0 = time.process_time()
+    for i in range(2 * batch):
+        ds[i % len(ds)]
+    cpu_rate = 2 * batch / max(time.process_time() - t0, 1e-9)
+    render = []
+    for _ in range(rounds):
+        sync()
+        t0 = time.perf_counter()
+        for k in range(0, len(plans), batch):
+            apply_plans(plans[k:k + batch], device)
+        sync()
+        render.append(len(plans) / (time.perf_counter() - t0))
+    name = torch.cuda.get_device_name(device) if device.startswith("cuda") else cpu_name()
+    return [f"| augment_device={device} ({name}), imgsz {imgsz}, batch {batch} | |",
+            "| --- | --- |",
+            f"| pixels vs the CPU path, mean abs diff per image (max over {n}) | {float(diff.max()):.3f} |",
+            f"| boxes vs the CPU path, max abs diff | {box:.2e} |",
+            f"| CPU path: samples per CPU second (1 thread) | {cpu_rate:.1f} |",
+            f"| device path: plans per CPU second ({dec} decode) | {plan_rate:.1f} |",
+            f"| device path: images rendered per second on the device (median of {rounds}) | "
+            f"{statistics.median(render):.0f} |"]
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="yolofast bench data", description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", required=True, help="data yaml (its train split is read)")
@@ -95,6 +192,10 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-ultralytics", action="store_true", help="time yolofast only")
     ap.add_argument("--workers", type=int, default=8,
                     help="loader workers of the GPU run the feed rate is quoted for (default 8)")
+    ap.add_argument("--device", default="",
+                    help="also time augment_device on this device (cuda:0: nvJPEG decode + batched ops)")
+    ap.add_argument("--loader", type=int, default=0, metavar="W",
+                    help="also time the DataLoader (batches/s, wall clock) at workers=0 against workers=W")
     return ap
 
 
@@ -119,7 +220,28 @@ def bench_data_main(argv: list[str]) -> int:
     _one_thread()  # a library may have changed the thread counts at import
     rates = measure(engines, args.blocks, args.block_size)
     _print_table(rates, args, data)
+    if args.loader:
+        _loader_table(args, train, data)
+    if args.device:
+        print("\n" + "\n".join(device_table(train, data["nc"], args.imgsz, args.batch, args.device)))
     return 0
+
+
+def _loader_table(args, train, data):
+    import os
+
+    w = (0, args.loader)
+    lr, cpu = loader_rates(lambda: _yolofast_dataset(train, args.imgsz, args.batch, args.cache or False,
+                                                data["nc"]), args.batch, w, 8, 6)
+    med = {k: statistics.median(v) for k, v in lr.items()}
+    ratios = [b / a for a, b in zip(lr[0], lr[args.loader])]
+    print(f"\nDataLoader batches/s (batch {args.batch}, wall clock, {os.cpu_count()} cores, 6 alternating "
+          f"rounds of 8 batches): workers=0 {med[0]:.2f}, workers={args.loader} {med[args.loader]:.2f}, "
+          f"{statistics.median(ratios):.2f}x (range {min(ratios):.2f}-{max(ratios):.2f}); load average "
+          f"{os.getloadavg()[0]:.1f}")
+    c0, cw = statistics.median(cpu[0]), statistics.median(cpu[args.loader])
+    print(f"CPU seconds per batch, all processes: workers=0 {c0:.3f}, workers={args.loader} {cw:.3f}: on "
+          f"{args.loader} free cores workers={args.loader} would reach ~{args.loader * c0 / cw:.2f}x")
 
 
 def _print_table(rates: dict, args, data) -> None:

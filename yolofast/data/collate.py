@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
+from torch.utils.data import get_worker_info
 
 __all__ = ["collate_fn", "pad_targets"]
 
@@ -41,15 +44,41 @@ def pad_targets(batch_idx, cls, bboxes, batch_size: int, bucket: int = 16):
     return gt_cls, gt_bboxes, gt_mask
 
 
+def _worker_shared(shape, dtype):
+    """In a loader worker, the batch's image tensor allocated in shared memory (as torch's default collate
+    does): else sending it to the main process copies the ~20 MB of a 16 x 640 px batch once more."""
+    if get_worker_info() is None:
+        return None
+    storage = torch.empty(0, dtype=dtype)._typed_storage()._new_shared(math.prod(shape))
+    return torch.empty(0, dtype=dtype).new(storage).view(shape)
+
+
 def collate_fn(batch: list[dict]) -> dict:
-    """Stack dataset samples into the batch dict of the data contract (see yolofast/data/__init__.py)."""
-    imgs = torch.stack([b["img"] for b in batch])
+    """Stack dataset samples into the batch dict of the data contract (see yolofast/data/__init__.py).
+    Plans of augment_device samples go into "plans" instead of "img" (preprocess_batch renders them)."""
+    if "plans" in batch[0] or "tiles" in batch[0]:
+        out = _targets(batch)
+        out["plans"] = [{k: b[k] for k in ("tiles", "canvas", "M", "out", "hsv", "flipud", "fliplr")}
+                        for b in batch]
+        return out
+    imgs = [b["img"] for b in batch]
+    if all(im.dim() == 3 and im.stride() == (1, 3 * im.shape[2], 3) and im.shape == imgs[0].shape
+           for im in imgs):
+        # training samples are HWC views: stack the HWC memory (one memcpy each) -> (B, 3, H, W) channels-last
+        hwc = [im.permute(1, 2, 0) for im in imgs]
+        out = _worker_shared((len(hwc), *hwc[0].shape), hwc[0].dtype)
+        imgs = torch.stack(hwc, out=out).permute(0, 3, 1, 2)
+    else:
+        imgs = torch.stack(imgs, out=_worker_shared((len(imgs), *imgs[0].shape), imgs[0].dtype))
+    return {"img": imgs, **_targets(batch)}
+
+
+def _targets(batch: list[dict]) -> dict:
     cls = torch.cat([b["cls"] for b in batch])
     bboxes = torch.cat([b["bboxes"] for b in batch])
     batch_idx = torch.cat([torch.full((len(b["cls"]),), i, dtype=torch.float32) for i, b in enumerate(batch)])
     gt_cls, gt_bboxes, gt_mask = pad_targets(batch_idx, cls, bboxes, len(batch))
     out = {
-        "img": imgs,
         "batch_idx": batch_idx,
         "cls": cls,
         "bboxes": bboxes,

@@ -17,6 +17,8 @@ from torch.utils.data import Dataset
 from yolofast.data import augment as A
 from yolofast.data.collate import collate_fn
 from yolofast.data.config import IMG_FORMATS, DataError
+from yolofast.data.device_aug import check_device_hyp, plan_sample
+from yolofast.data.imcache import cache_mode, ram_cache_fits, read_disk_cached, read_image
 
 LOGGER = logging.getLogger("yolofast")
 # v2: numpy .npz without pickle, named <split>.yolofast.cache (Ultralytics owns <split>.cache: sharing that
@@ -328,17 +330,21 @@ class YOLODataset(Dataset):
     img_path: folder / .txt list / list of them. imgsz: square output side (rounded up to a multiple of
     stride). augment: mosaic + affine + mixup + cutmix + HSV + flips + BGR swap (train); else letterbox only
     (val). hyp: Ultralytics names (see HYP_DEFAULTS; other keys ignored). cache: False | True/"ram" keep the
-    resized images in memory. nc: number of classes (labels outside [0, nc) refuse their image).
+    resized images in memory (when they fit) | "disk" .npy files of them next to the images. nc: number
+    of classes (labels outside [0, nc) refuse their image).
     single_cls: every label becomes class 0. fraction: the first ratio (float) or count (int) of the sorted
     image files. rect: rectangular batches (``augment.rect_batch_shapes``; mosaic, mixup and cutmix off):
     the images are reordered by aspect ratio, and sample i is letterboxed to the shape of its batch of
     ``batch_size``; the loader must keep that order and batch size (no shuffle). pad: rect padding in strides.
+    augment_device: None (augment here) or a device ("cpu", "cuda:0"): training samples are then plans
+    (``device_aug.plan_sample``, same draws) that ``device_aug.apply_plans`` renders on that device.
     A sample is a dict: img (3, s, s) uint8 RGB, cls (n, 1) float32, bboxes (n, 4) float32 normalized
     xywh, im_file, ori_shape (h0, w0), resized_shape (h, w), ratio_pad ((r, r), (padw, padh)).
     """
 
     def __init__(self, img_path, imgsz=640, augment=True, hyp=None, stride=32, cache=False, prefix="",
-                 nc=None, seed=0, single_cls=False, fraction=1.0, rect=False, batch_size=16, pad=0.0):
+                 nc=None, seed=0, single_cls=False, fraction=1.0, rect=False, batch_size=16, pad=0.0,
+                 augment_device=None):
         super().__init__()
         if imgsz % stride:
             new = -(-imgsz // stride) * stride
@@ -384,7 +390,13 @@ class YOLODataset(Dataset):
         self.max_buffer = min(len(self), 8 * max(int(batch_size), 1), 1000) if augment else 0
         self.buffer: list[int] = []
         self._recent: dict[int, tuple] = {}
-        if cache:
+        # augment_device: training samples are plans (device_aug) that the device renders in preprocess_batch
+        self.augment_device = str(augment_device) if (augment and augment_device not in (None, False, "")) \
+            else None
+        if self.augment_device:
+            check_device_hyp(self.hyp)
+        self.cache = cache_mode(cache)
+        if self.cache == "ram" and ram_cache_fits([lb["shape"] for lb in self.labels], imgsz, self.prefix):
             self._cache_images()
 
     def __len__(self):
@@ -436,11 +448,10 @@ class YOLODataset(Dataset):
         LOGGER.info(f"{self.prefix}cached images in RAM ({nbytes / 2**30:.2f} GiB)")
 
     def _read(self, i):
-        img = cv2.imread(self.im_files[i])  # BGR, EXIF orientation applied
-        if img is None:
-            return None
-        h0, w0 = img.shape[:2]
-        return A.resize_long_side(img, self.imgsz, self.augment), (h0, w0)
+        hw0 = self.labels[i]["shape"]
+        if self.cache == "disk":
+            return read_disk_cached(self.im_files[i], self.imgsz, self.augment, hw0, self.prefix)
+        return read_image(self.im_files[i], self.imgsz, self.augment, hw0)
 
     def load_image(self, i):
         """-> (BGR image with long side imgsz, (h0, w0)); raises _BadImage when it cannot be decoded.
@@ -507,9 +518,8 @@ class YOLODataset(Dataset):
             parts = [self._load(index)]  # first: a freshly decoded image joins the buffer it draws from
             parts += [self._load(j) for j in self._mosaic_companions(rng)]
             index, ori = parts[0][0], parts[0][2]
-            img, boxes, cls = A.mosaic4([p[1] for p in parts], [p[3] for p in parts], [p[4] for p in parts],
-                                        s, rng)
-            img, boxes, cls = A.random_affine(img, boxes, cls, rng, border=-(s // 2), **aff)
+            img, boxes, cls = A.mosaic_affine([p[1] for p in parts], [p[3] for p in parts],
+                                              [p[4] for p in parts], s, rng, **aff)
         else:
             shape = self._shape(index)
             index, img, ori, boxes, cls = self._load(index)
@@ -523,6 +533,8 @@ class YOLODataset(Dataset):
         return tuple(int(v) for v in self.batch_shapes[self.batch_index[index]]) if self.rect else self.imgsz
 
     def __getitem__(self, index):
+        if self.augment_device:  # decoded here for a CPU device, by nvJPEG on a CUDA one
+            return plan_sample(self, index, "device" if self.augment_device.startswith("cuda") else "cpu")
         rng, hyp = self.rng, self.hyp
         if self.augment:
             index, img, ori, boxes, cls = self._train_sample(index)
@@ -534,7 +546,7 @@ class YOLODataset(Dataset):
             if cutmix_p > 0 and rng.random() < cutmix_p:
                 _, img2, _, boxes2, cls2 = self._train_sample(int(rng.integers(len(self))))
                 img, boxes, cls = A.cutmix(img, boxes, cls, img2, boxes2, cls2, rng)
-            img = A.augment_hsv(img, rng, hyp["hsv_h"], hyp["hsv_s"], hyp["hsv_v"])
+            img = A.augment_hsv(img, rng, hyp["hsv_h"], hyp["hsv_s"], hyp["hsv_v"], to_rgb=True)  # RGB on
             if rng.random() < hyp["flipud"]:
                 img, boxes = A.flip_ud(img, boxes)
             if rng.random() < hyp["fliplr"]:
@@ -557,9 +569,12 @@ class YOLODataset(Dataset):
         boxes[:, 1::2] = boxes[:, 1::2].clip(0, h)
         xywh = np.stack([(boxes[:, 0] + boxes[:, 2]) / (2 * w), (boxes[:, 1] + boxes[:, 3]) / (2 * h),
                          (boxes[:, 2] - boxes[:, 0]) / w, (boxes[:, 3] - boxes[:, 1]) / h], 1)
-        img = np.ascontiguousarray(img[..., ::-1].transpose(2, 0, 1))  # BGR HWC -> RGB CHW
+        if self.augment:  # RGB HWC; (3, h, w) is a view: the layout change is the device's (preprocess_batch)
+            img = torch.from_numpy(img).permute(2, 0, 1)
+        else:  # BGR HWC -> RGB CHW
+            img = torch.from_numpy(np.ascontiguousarray(img[..., ::-1].transpose(2, 0, 1)))
         return {
-            "img": torch.from_numpy(img),
+            "img": img,
             "cls": torch.from_numpy(cls.reshape(-1, 1).astype(np.float32)),
             "bboxes": torch.from_numpy(xywh.astype(np.float32)),
             "im_file": self.im_files[index],

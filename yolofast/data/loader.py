@@ -76,7 +76,10 @@ def seed_worker(worker_id: int) -> None:
     random.seed(seed)
     if hasattr(info.dataset, "reseed"):
         info.dataset.reseed(seed)
-    cv2.setNumThreads(0)  # one OpenCV thread per worker: W workers x N threads would oversubscribe 2 cores
+    # One thread per worker, set once here: W workers x N OpenCV/torch threads would oversubscribe the cores
+    # (each worker is one core's worth of samples; collate and pad_targets run in it with torch ops).
+    cv2.setNumThreads(0)
+    torch.set_num_threads(1)
 
 
 def build_dataloader(dataset, batch, workers, shuffle, rank=-1, seed=0, drop_last=False, epoch_sampler=False):

@@ -6,22 +6,20 @@ its projectors and the frozen teacher, whose forward appends the 0-d distillatio
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from yolofast.cfg import DEFAULTS
-from yolofast.engine import distill, optim
+from yolofast.cfg import DEFAULTS, get_cfg
+from yolofast.engine import distill, setup
 from yolofast.engine.autobatch import resolve_batch
 from yolofast.engine.device import setup_amp
+from yolofast.engine.schedule import Schedule
+from yolofast.engine.state import TrainParts
 from yolofast.engine.trainer import Trainer, init_seeds
 
 __all__ = ["Session", "prepare", "restore"]
-
-# Trainer attributes the doctor sets while it works (the hooks read them) and puts back afterwards.
-_BORROWED = ("model", "channels_last", "amp_dtype", "scaler", "stride", "train_loader")
 
 
 @dataclass
@@ -36,7 +34,7 @@ class Session:
     optimizer: torch.optim.Optimizer
     optimizer_name: str
     nc: int
-    saved: dict
+    saved: TrainParts  # the trainer's own parts, handed back by restore
 
     def autocast(self):
         return self.trainer.autocast()
@@ -64,69 +62,52 @@ def _first_batch(loader) -> dict:
 
 
 def prepare(trainer: Trainer) -> Session:
-    saved = {k: getattr(trainer, k) for k in _BORROWED if hasattr(trainer, k)}
+    """The doctor's model, batches, loss and optimizer, built by the trainer's own setup functions
+    (engine/setup.py) into parts of its own: the trainer's are handed back by ``restore``."""
+    saved = trainer.use_parts(TrainParts())  # the hooks read what is built so far from trainer.parts
     try:
         return _prepare(trainer, saved)
     except BaseException:
-        _put_back(trainer, saved)
+        trainer.use_parts(saved)
         raise
 
 
-def _prepare(trainer: Trainer, saved: dict) -> Session:
-    a = trainer.args
+def _prepare(trainer: Trainer, saved: TrainParts) -> Session:
+    a, p = trainer.args, trainer.parts
     init_seeds(a.seed, deterministic=False)  # the same model and batch every time; global flags left alone
-    if trainer.resume_ckpt is not None and hasattr(trainer, "_resume_state"):
-        src = copy.deepcopy(trainer._resume_state["model"])
+    resumed = getattr(trainer, "_resume_state", None) if trainer.resume_ckpt is not None else None
+    if resumed is not None:
+        src = copy.deepcopy(resumed["model"])
     elif trainer._model_obj is not None:
         src = copy.deepcopy(trainer._model_obj)  # the doctor trains it: the user's module stays untouched
     else:
         src = a.model
-    model = trainer.get_model(src).to(trainer.device)
-    trainer.model = model  # get_dataloader reads the stride from it
-    trainer.stride = max(int(model.stride.max()), 32)  # multi_scale rounds its sizes to it
-    trainer.amp_dtype, trainer.scaler = setup_amp(a.amp, trainer.device)
-    # as _setup_train: the recipe's layout
-    trainer.channels_last = trainer.device.type in ("cuda", "cpu") and a.channels_last is not False
-    if trainer.channels_last:
-        model.to(memory_format=torch.channels_last)
-    model.train()
-
-    auto, _ = resolve_batch(a.batch)
-    bs = DEFAULTS["batch"] if auto else int(a.batch)
+    p.channels_last = setup.channels_last(a, trainer.device)
+    p.model = model = setup.build_model(trainer, src, nhwc=p.channels_last)
+    p.stride = setup.model_stride(model)
+    p.amp_dtype, p.scaler = setup_amp(a.amp, trainer.device)
+    bs = DEFAULTS["batch"] if resolve_batch(a.batch)[0] else int(a.batch)  # one process, no AutoBatch
     workers, a.workers = a.workers, 0  # two batches: worker processes would cost more than they save
     try:
-        train_loader = trainer.get_dataloader(trainer.data["train"], bs, mode="train")
+        p.train_loader = trainer.get_dataloader(trainer.data["train"], bs, mode="train")
         plain_loader = trainer.get_dataloader(trainer.data["train"], bs, mode="val")  # letterbox only
         batch = trainer.preprocess_batch(_first_batch(plain_loader))
-        train_batch = trainer.preprocess_batch(_first_batch(train_loader))
+        train_batch = trainer.preprocess_batch(_first_batch(p.train_loader))
     finally:
         a.workers = workers
-    trainer.train_loader = train_loader  # cls_pw weighs the classes by this loader's labels
-    criterion = trainer.get_loss(model)
+    loss = setup.build_loss(trainer, model)  # cls_pw weighs the classes by the train loader's labels
     standard = Trainer.get_loss(trainer, model)
-    step, loss, _ = distill.train_step(model, criterion, a, trainer.data["names"], trainer.device,
-                                       trainer.channels_last)
-    if trainer.resume_ckpt is not None and hasattr(trainer, "_resume_state"):
-        distill.restore_state(step, trainer._resume_state, trainer.resume_ckpt)  # the run's projectors
-
-    accumulate = optim.accumulate_steps(a.nbs, bs)
-    decay = optim.scaled_weight_decay(a.weight_decay, bs, accumulate, a.nbs)
-    n_images = len(getattr(train_loader, "dataset", ()) or ()) or bs
-    iterations = math.ceil(n_images / max(bs, a.nbs)) * a.epochs
-    opt, name, _, _ = optim.build_optimizer(step, a.optimizer, a.lr0, a.momentum, decay, iterations,
-                                            nc=trainer.data["nc"])
-    return Session(trainer, model, step, loss, standard, batch, train_batch, opt, name,
+    if resumed is not None:
+        distill.restore_state(loss.step_model, resumed, trainer.resume_ckpt)  # the run's projectors
+    recipe = get_cfg(a, batch=bs)  # the batch the doctor runs: weight decay and optimizer=auto follow it
+    n_images = len(getattr(p.train_loader, "dataset", ()) or ()) or bs
+    accumulate = Schedule(recipe, nb=1).accumulate
+    opt, auto, _, _ = setup.build_optimizer(trainer, loss.step_model, n_images, accumulate, args=recipe)
+    name = auto[0] if auto else a.optimizer
+    return Session(trainer, model, loss.step_model, loss.step_loss, standard, batch, train_batch, opt, name,
                    int(trainer.data["nc"]), saved)
 
 
 def restore(s: Session) -> None:
-    """Put back what ``prepare`` borrowed, so a later ``train()`` starts from its own setup."""
-    _put_back(s.trainer, s.saved)
-
-
-def _put_back(trainer: Trainer, saved: dict) -> None:
-    for k in _BORROWED:
-        if k in saved:
-            setattr(trainer, k, saved[k])
-        elif hasattr(trainer, k):
-            delattr(trainer, k)
+    """Hand the trainer its own parts back, so a later ``train()`` starts from its own setup."""
+    s.trainer.use_parts(s.saved)

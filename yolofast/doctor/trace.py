@@ -177,18 +177,8 @@ def _unassigned(t: dict, loss) -> tuple[list, dict]:
 def trace_model(sec: Section, s, feats) -> dict:
     """Head maps, the user's loss and the standard one on the same maps, the assigner's positives.
     ``feats``: the step's outputs (the head maps, then L_dis when distilling)."""
-    model, loss, bsz, maps = s.model, s.loss, feats[0].shape[0], s.maps(feats)
-    out = {"head": []}
-    for i, f in enumerate(maps):
-        st = stats(f)
-        out["head"].append(st)
-        stride = int(model.stride[i]) if hasattr(model, "stride") else "?"
-        sec.add(f"head P{i + 3}/{stride}: {stats_line(st)}")
-        if st["nonfinite"]:
-            sec.flag("head-non-finite", "FAIL", f"head map {i} (stride {stride}) holds {st['nonfinite']} "
-                     f"NaN/inf values on the first batch", "check the images for NaN and the model's init "
-                     "(a custom layer?); with amp=True try amp=False")
-
+    loss, bsz, maps = s.loss, feats[0].shape[0], s.maps(feats)
+    out = {"head": _trace_head(sec, s.model, maps)}
     with torch.no_grad():
         try:
             total, items = loss(feats, s.batch)
@@ -220,11 +210,33 @@ def trace_model(sec: Section, s, feats) -> dict:
         sec.flag("loss-total-mismatch", "WARN", f"the total your loss backpropagates ({fmt(total)}) is not "
                  f"batch x the sum of its logged items ({fmt(bsz * denom)})", "return total = "
                  "items.sum() * batch_size, so the log shows what is optimised")
+    out["ratio_to_standard"] = _check_ratios(sec, names, items, std)
+    out["assigner"] = _trace_assigner(sec, t, s.standard, maps)
+    return out
+
+
+def _trace_head(sec: Section, model, maps) -> list:
+    """Statistics of each head map; non-finite values are a FAIL."""
+    head = []
+    for i, f in enumerate(maps):
+        st = stats(f)
+        head.append(st)
+        stride = int(model.stride[i]) if hasattr(model, "stride") else "?"
+        sec.add(f"head P{i + 3}/{stride}: {stats_line(st)}")
+        if st["nonfinite"]:
+            sec.flag("head-non-finite", "FAIL", f"head map {i} (stride {stride}) holds {st['nonfinite']} "
+                     f"NaN/inf values on the first batch", "check the images for NaN and the model's init "
+                     "(a custom layer?); with amp=True try amp=False")
+    return head
+
+
+def _check_ratios(sec: Section, names, items, std) -> dict:
+    """Each branch of the user's loss over the standard one on the same maps: 1.0 unless it differs on
+    purpose; an integer factor is the mark of a target tensor duplicated along the batch."""
     ratios = {}
     for k, name in enumerate(names[:3]):
         if float(std[k]) > 1e-12 and torch.isfinite(items[k]):
             ratios[name] = float(items[k] / std[k])
-    out["ratio_to_standard"] = ratios
     for name, r in ratios.items():
         if abs(r - 1) <= 0.02:
             continue
@@ -236,15 +248,17 @@ def trace_model(sec: Section, s, feats) -> dict:
                  f"({others}){why}",
                  f"print the shapes of the targets inside your get_loss (each one row per image and GT); if "
                  f"the {name} loss is meant to differ, ignore this")
+    return ratios
 
+
+def _trace_assigner(sec: Section, t: dict, standard, maps) -> dict:
+    """Positive anchors per image and level, and the GTs that got none (with the reason)."""
     fg = t["fg_mask"]
     sizes = [f.shape[2] * f.shape[3] for f in maps]
     per_level = [int(x.sum()) for x in fg.split(sizes, 1)]
     per_img = fg.sum(1).tolist()
     n_gt = int((t["gt_mask"] > 0).sum())
-    rows, reasons = _unassigned(t, s.standard)
-    out["assigner"] = {"positives_per_image": per_img, "positives_per_level": per_level, "gts": n_gt,
-                       "gts_without_positive": len(rows), "reasons": reasons, "unassigned": rows[:20]}
+    rows, reasons = _unassigned(t, standard)
     sec.add(f"assigner: {int(fg.sum())} positive anchors for {n_gt} GTs; per image {per_img}; per level "
             + ", ".join(f"P{i + 3} {v}" for i, v in enumerate(per_level)))
     if rows:
@@ -260,4 +274,5 @@ def trace_model(sec: Section, s, feats) -> dict:
         top = max(reasons, key=reasons.get)
         sec.flag("gts-unassigned", "WARN", f"{len(rows)} of {n_gt} GTs got no positive anchor (mostly: "
                  f"{_REASONS[top]})", "outside/zero-size: fix those labels; too small: a larger imgsz")
-    return out
+    return {"positives_per_image": per_img, "positives_per_level": per_level, "gts": n_gt,
+            "gts_without_positive": len(rows), "reasons": reasons, "unassigned": rows[:20]}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from yolofast.cfg import CfgError
-from yolofast.engine import cudagraph, optim
+from yolofast.engine import cudagraph
 from yolofast.engine.compile import compile_mode
 from yolofast.engine.distributed import unwrap_model
 
@@ -25,7 +25,7 @@ def build_loader(t, img_path, batch_size: int, mode: str):
 
     a = t.args
     train = mode == "train"
-    stride = max(int(unwrap_model(t.model).stride.max()), 32) if hasattr(t, "model") else 32
+    stride = max(int(unwrap_model(t.model).stride.max()), 32) if t.model is not None else 32
     # Ultralytics validates in rect batches (half a stride of padding): with map_convention=ultralytics
     # to reproduce its numbers, or when rect=True asks for them.
     rect = a.rect if train else (a.rect or a.map_convention == "ultralytics")
@@ -36,11 +36,18 @@ def build_loader(t, img_path, batch_size: int, mode: str):
     dataset = build_dataset(img_path, imgsz=a.imgsz, augment=train, hyp={k: getattr(a, k) for k in _HYP},
                             stride=stride, cache=a.cache, prefix=f"{mode}: ",
                             nc=t.data.get("label_nc", t.data["nc"]), single_cls=a.single_cls,
-                            fraction=fraction, rect=rect, batch_size=batch_size, pad=0.0 if train else 0.5)
+                            fraction=fraction, rect=rect, batch_size=batch_size, pad=0.0 if train else 0.5,
+                            augment_device=_augment_device(t) if train else None)
     rank = t.rank if train else -1  # validation runs on rank 0 over the whole split
     return build_dataloader(dataset, batch_size, a.workers, shuffle=train and not rect, rank=rank,
                             seed=a.seed, epoch_sampler=train,
                             drop_last=train and static_batches(t, len(dataset), batch_size))
+
+
+def _augment_device(t):
+    """augment_device=true: the training device; a device name as given; null/false: augment on the CPU."""
+    dev = getattr(t.args, "augment_device", None)
+    return str(t.device) if dev is True else (dev or None)
 
 
 def static_batches(t, n_images: int, batch_size: int) -> bool:
@@ -52,29 +59,20 @@ def static_batches(t, n_images: int, batch_size: int) -> bool:
     return static and n_images >= batch_size
 
 
-def rebuild_train_loader(t, batch_size: int, epoch: int, skip: int = 0) -> None:
-    """A train loader over the same dataset at ``batch_size`` (per rank), starting ``skip`` images into
-    ``epoch``'s order; batches per epoch, accumulation and warmup follow the new size."""
+def rebuild_train_loader(t, batch_size: int, epoch: int, skip: int = 0):
+    """A train loader over the same dataset as ``t.train_loader`` at ``batch_size`` (per rank), starting
+    ``skip`` images into ``epoch``'s order (``Trainer.rebuild_train_loader`` adopts it: batches per
+    epoch, accumulation and weight decay follow the new size)."""
     from yolofast.data import build_dataloader
 
     a = t.args
     ds = t.train_loader.dataset
     if getattr(ds, "rect", False) and skip == 0:  # mid-epoch, halved_batch keeps the rect batches whole
         ds.set_rect_batch_size(batch_size)
-    t.train_loader = build_dataloader(ds, batch_size, a.workers, shuffle=not getattr(ds, "rect", False),
-                                      rank=t.rank, seed=a.seed, epoch_sampler=True,
-                                      drop_last=static_batches(t, len(ds), batch_size))
-    t.train_loader.sampler.start_at(epoch, skip)
-    t.batch_size = batch_size
-    a.batch = batch_size * t.world_size
-    if getattr(t, "graph", None) is not None:
-        t.graph.disable(f"the batch size changed to {batch_size}")
-    t.nb = skip // batch_size + len(t.train_loader)
-    t.accumulate = optim.accumulate_steps(a.nbs, a.batch)
-    t.nw = optim.warmup_iters(a.warmup_epochs, t.epochs, t.nb)
-    if hasattr(t, "optimizer"):  # weight decay is sized for batch x accumulate (group 1: the weights)
-        t.optimizer.param_groups[1]["weight_decay"] = optim.scaled_weight_decay(a.weight_decay, a.batch,
-                                                                                t.accumulate, a.nbs)
+    new = build_dataloader(ds, batch_size, a.workers, shuffle=not getattr(ds, "rect", False), rank=t.rank,
+                           seed=a.seed, epoch_sampler=True, drop_last=static_batches(t, len(ds), batch_size))
+    new.sampler.start_at(epoch, skip)
+    return new
 
 
 def halved_batch(ds, old: int, skip: int) -> int:
@@ -92,17 +90,17 @@ def halved_batch(ds, old: int, skip: int) -> int:
 
 
 def epoch_batches(t):
-    """(i, batch) over one epoch. When an out-of-memory halving replaces the loader mid-epoch, the rest
-    of the epoch comes from the new one (it starts where the old one failed), numbered in its batches."""
-    i, loader = 0, t.train_loader
-    t.epoch_images = 0  # images before the current batch: where a halved loader starts
+    """(i, batch, images before it in the epoch) over one epoch. When an out-of-memory halving replaces
+    the loader mid-epoch (it starts where the old one failed: the images-before count), the rest of the
+    epoch comes from the new one, numbered in its batches."""
+    i, loader, done = 0, t.train_loader, 0
     while True:
         for batch in loader:
-            yield i, batch
+            yield i, batch, done
             if t.train_loader is not loader:
                 break
             i += 1
-            t.epoch_images += batch["img"].shape[0]
+            done += len(batch["im_file"])  # also for augment_device batches (no "img" yet)
         else:
             return
         loader = t.train_loader

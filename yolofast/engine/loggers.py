@@ -107,7 +107,7 @@ class RunLog:
         row.update(memory_usage(t.device))
         row.update(t.grad_norm.read())
         self.write_row(row)
-        t.results_row = row  # for the loggers after this one (TensorBoard)
+        t.state.results_row = row  # for the loggers after this one (TensorBoard)
         if not self._verbose:
             return
         if t.metrics and (t.args.val or t.epoch + 1 == t.epochs):
@@ -165,9 +165,11 @@ class RunLog:
 
 def default_loggers(trainer) -> Callbacks:
     """The built-in loggers of a trainer, in the order they run."""
+    from yolofast.engine.plots import PlotLogger
     from yolofast.engine.tensorboard import TensorBoardLogger
 
     cb = Callbacks()
     RunLog(trainer).register(cb)
+    PlotLogger(trainer).register(cb)  # plots=True: labels.jpg, train_batch*.jpg, the final validation's
     TensorBoardLogger(trainer).register(cb)
     return cb

@@ -1,5 +1,6 @@
-"""results.png: the curves of results.csv (losses, metrics) in a 2×5 grid, like Ultralytics' plot; and a
-batch's images with their boxes in one grid (TensorBoard's ``train_batch0``)."""
+"""results.png: the curves of results.csv (losses, metrics) in a 2×5 grid, like Ultralytics' plot; a
+batch's images with their boxes in one grid (TensorBoard's ``train_batch0``); and ``PlotLogger``, which
+writes a training run's other pictures (``labels.jpg``, ``train_batch*.jpg``, the final validation's)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import csv
 import math
 from pathlib import Path
 
-__all__ = ["batch_mosaic", "plot_results"]
+import numpy as np
+
+__all__ = ["PlotLogger", "batch_mosaic", "plot_results"]
 
 _PANELS = ("train/box_loss", "train/cls_loss", "train/dfl_loss", "metrics/precision(B)", "metrics/recall(B)",
            "val/box_loss", "val/cls_loss", "val/dfl_loss", "metrics/mAP50(B)", "metrics/mAP50-95(B)")
@@ -81,3 +84,53 @@ def batch_mosaic(batch: dict, max_images: int = 16):
         grid[:, y1, x1:x2 + 1] = grid[:, y2, x1:x2 + 1] = color
         grid[:, y1:y2 + 1, x1] = grid[:, y1:y2 + 1, x2] = color
     return (grid.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
+
+
+class PlotLogger:
+    """A training run's pictures with ``plots=True`` (drawing: ``yolofast/val/plots.py``): ``labels.jpg``
+    once the data is loaded, ``train_batch0..2.jpg`` from the first three batches (as fed to the model,
+    after augmentation), and the final validation's confusion matrices, curves and ``val_batch*`` images
+    (the last epoch's validation and, when it is not the last epoch, best.pt's, which overwrites them).
+    Nothing is drawn in the other epochs; a failing picture is one warning line."""
+
+    def __init__(self, trainer):
+        self.t = trainer
+
+    def register(self, cb) -> None:
+        for event in ("on_pretrain_routine_end", "on_train_batch_end", "on_val_start"):
+            cb.add(event, getattr(self, event))
+
+    @staticmethod
+    def _on(t) -> bool:
+        from yolofast.engine.distributed import is_main_process
+
+        return bool(t.args.plots) and is_main_process()
+
+    def on_pretrain_routine_end(self, t) -> None:
+        if not self._on(t):
+            return
+        from yolofast.val.plots import plot_labels, safe_plot
+
+        labels = getattr(getattr(t.train_loader, "dataset", None), "labels", None)
+        if not labels:
+            return
+        cls = np.concatenate([np.asarray(lb["cls"]).reshape(-1) for lb in labels])
+        boxes = np.concatenate([np.asarray(lb["bboxes"]).reshape(-1, 4) for lb in labels])
+        safe_plot("labels.jpg", plot_labels, cls, boxes, t.data["names"], t.save_dir / "labels.jpg")
+
+    def on_train_batch_end(self, t) -> None:
+        if t.epoch != t.start_epoch or t.batch_i >= 3 or not self._on(t):
+            return
+        from yolofast.val.plots import batch_boxes, plot_images, safe_plot
+
+        b, name = t.batch, f"train_batch{t.batch_i}.jpg"
+        h, w = b["img"].shape[2:]
+        boxes = batch_boxes(b, h, w, min(len(b["img"]), 16))
+        safe_plot(name, plot_images, b["img"][:16], boxes, t.data["names"], t.save_dir / name,
+                  b.get("im_file"))
+
+    def on_val_start(self, t) -> None:
+        v = t.validator
+        if hasattr(v, "plot_dir"):  # yolofast's Validator (a custom one draws nothing)
+            final = t.epoch + 1 >= t.epochs or t.stop
+            v.plot_dir = t.save_dir if final and self._on(t) else None

@@ -2,9 +2,12 @@
 restores model/EMA/optimizer/scaler/scheduler/epoch/best fitness/RNG state and continues exactly).
 
     ckpt = trainer_checkpoint(trainer)        # the dict save_checkpoint writes (last.pt, best.pt)
-    restore(trainer, ckpt)                    # after _setup_train built everything: continue from it
+    trainer.state = restore(trainer, ckpt)    # after _setup_train built everything: continue from it
     save_checkpoints(trainer)                 # Trainer.save_model: last.pt, best.pt, epoch{N}.pt
-    validate_best(trainer)                    # at the end: the returned metrics are best.pt's
+    validate_best(trainer)                    # at the end: best.pt's (metrics, fitness), or None
+
+These read the trainer and write none of its attributes: ``restore`` loads the built parts (model, EMA,
+optimizer, ...) in place and returns the run's state (``RunState``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from yolofast.engine.distributed import (
     unwrap_model,
 )
 from yolofast.engine.loader import close_mosaic
+from yolofast.engine.state import RunState
 
 __all__ = ["check_ranks_agree", "elastic_restart", "load_resume_args", "restore", "rng_state",
            "save_checkpoints", "trainer_checkpoint", "validate_best"]
@@ -96,9 +100,7 @@ def rng_state(t) -> dict:
 def trainer_checkpoint(t) -> dict:
     args = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(t.args).items()}
     return {
-        "epoch": t.epoch,
-        "best_fitness": t.best_fitness,
-        "best_epoch": t.best_epoch,
+        **t.state.checkpoint(),  # epoch, best_fitness, best_epoch, train_metrics, train_time
         # fp32 modules (not halved): resume must continue from exactly these numbers.
         "model": unwrap_model(t.model),
         "ema": t.ema.ema,
@@ -108,8 +110,6 @@ def trainer_checkpoint(t) -> dict:
         "scaler": t.scaler.state_dict(),
         "scheduler": t.scheduler.state_dict(),
         "train_args": args,
-        "train_metrics": dict(t.metrics),
-        "train_time": t.train_time,
         "rng": rng_state(t),
         **distill.checkpoint_state(t.step_model),  # the projectors, for resume (not in model/ema)
         **ckpt_io.checkpoint_meta(),
@@ -133,34 +133,34 @@ def save_checkpoints(t) -> None:
         ckpt_io.save_checkpoint(ckpt, t.wdir / f"epoch{t.epoch + 1}.pt")
 
 
-def validate_best(t) -> None:
-    """The returned metrics are best.pt's: validate it again unless it is the model just validated."""
+def validate_best(t) -> tuple[dict, float] | None:
+    """best.pt's (metrics, fitness), validated again, for the run to return; None when it is the model
+    just validated (or not rank 0, or no best.pt)."""
     if not is_main_process() or not t.best.exists() or t.best_epoch == t.epoch:
-        return
+        return None
     best = ckpt_io.load_checkpoint(t.best, map_location=t.device)
     t.log(f"\nValidating {t.best} (epoch {best['epoch'] + 1})...")
     ema_model = t.ema.ema
     t.ema.ema = best["ema"].to(t.device)
     try:
-        t.metrics, t.fitness = t.validate()
+        return t.validate()
     finally:
         t.ema.ema = ema_model
 
 
-def restore(t, ckpt: dict) -> None:
-    """Everything a resumed run needs to continue exactly as if it had never stopped."""
-    t.start_epoch = ckpt["epoch"] + 1
+def restore(t, ckpt: dict) -> RunState:
+    """Everything a resumed run needs to continue exactly as if it had never stopped: loads the built
+    model, projectors, EMA, optimizer, scaler, scheduler and RNG streams in place (close_mosaic when the
+    checkpoint's epochs are past it); returns the run's state at the epoch after the checkpoint's."""
+    state = RunState.resumed(ckpt)
     unwrap_model(t.model).load_state_dict(ckpt["model"].state_dict())
     distill.restore_state(t.step_model, ckpt, t.resume_ckpt)
     t.ema.load_state_dict({"ema": ckpt["ema"].state_dict(), "updates": ckpt["updates"]})
     t.optimizer.load_state_dict(ckpt["optimizer"])
     t.scaler.load_state_dict(ckpt["scaler"])
     t.scheduler.load_state_dict(ckpt["scheduler"])
-    t.best_fitness, t.best_epoch = ckpt["best_fitness"], ckpt.get("best_epoch", -1)
-    t.metrics = ckpt.get("train_metrics") or {}
-    t.train_time = ckpt.get("train_time", 0.0)
     closes_at = t.epochs - t.args.close_mosaic  # the loop's test; < 0 (a short run): never
-    if t.args.close_mosaic and 0 <= closes_at < t.start_epoch:
+    if t.args.close_mosaic and 0 <= closes_at < state.start_epoch:
         close_mosaic(t.train_loader)
     rng = ckpt["rng"]
     if len(ckpt.get("rng_ranks") or ()) == t.world_size > 1:  # this rank's own streams (save_model)
@@ -171,4 +171,5 @@ def restore(t, ckpt: dict) -> None:
         ds_rng.bit_generator.state = rng["dataset"]
     if "dataset_buffer" in rng and hasattr(t.train_loader.dataset, "set_buffer_state"):
         t.train_loader.dataset.set_buffer_state(rng["dataset_buffer"])
-    t.log(f"Resuming {t.resume_ckpt} from epoch {t.start_epoch + 1} to {t.epochs}")
+    t.log(f"Resuming {t.resume_ckpt} from epoch {state.start_epoch + 1} to {t.epochs}")
+    return state

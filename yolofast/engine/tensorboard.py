@@ -6,7 +6,9 @@ Per batch (x axis: iterations since the run began): ``batch/<loss>`` of that bat
 every numeric column of results.csv (``train/<loss>`` epoch means, metrics, validation losses, ``lr/pg0..2``,
 ``grad/norm_mean``, ``grad/norm_max``,
 ``grad/clip_frac``, ``grad/nonfinite``, memory) and ``time/epoch_s``. Once: ``train_batch0``, the run's first
-training batch as a mosaic with its boxes (what the augmentation really fed the model).
+training batch as a mosaic with its boxes (what the augmentation really fed the model). After the final
+validation (``plots=True``): its pictures as images ``val/PR_curve``, ``val/F1_curve``, ``val/P_curve``,
+``val/R_curve``, ``val/confusion_matrix`` and ``val/confusion_matrix_normalized`` (x axis: epoch).
 
 Turning it off: ``YOLOFAST_TENSORBOARD=0``. An environment variable and not a recipe key because it is a
 preference of the machine or the user (Ultralytics keeps it in ``yolo settings tensorboard=False``), not
@@ -27,6 +29,10 @@ from yolofast.engine.distributed import is_main_process
 __all__ = ["ENV", "TensorBoardLogger", "tensorboard_enabled"]
 
 ENV = "YOLOFAST_TENSORBOARD"
+_PICTURES = {"BoxPR_curve.png": "val/PR_curve", "BoxF1_curve.png": "val/F1_curve",
+             "BoxP_curve.png": "val/P_curve", "BoxR_curve.png": "val/R_curve",
+             "confusion_matrix.png": "val/confusion_matrix",
+             "confusion_matrix_normalized.png": "val/confusion_matrix_normalized"}
 
 
 def tensorboard_enabled() -> bool:
@@ -42,7 +48,7 @@ class TensorBoardLogger:
 
     def register(self, cb: Callbacks) -> None:
         for event in ("on_pretrain_routine_end", "on_train_epoch_start", "on_train_batch_end",
-                      "on_fit_epoch_end", "teardown"):
+                      "on_val_end", "on_fit_epoch_end", "teardown"):
             cb.add(event, getattr(self, event))
 
     def on_pretrain_routine_end(self, t) -> None:
@@ -79,12 +85,29 @@ class TensorBoardLogger:
             self._batch0_done = True
             w.add_image("train_batch0", batch_mosaic(t.batch), step, dataformats="HWC")
 
+    def on_val_end(self, t) -> None:
+        files = getattr(getattr(t, "validator", None), "plot_files", None)
+        if self.writer is None or not files:
+            return
+        from yolofast.val.plots import safe_plot
+
+        safe_plot("TensorBoard images", self._add_pictures, files, t.epoch + 1)
+
+    def _add_pictures(self, files: dict, step: int) -> None:
+        import numpy as np
+        from PIL import Image  # matplotlib's own dependency
+
+        for name, tag in _PICTURES.items():
+            if name in files:
+                img = np.asarray(Image.open(files[name]).convert("RGB"))
+                self.writer.add_image(tag, img, step, dataformats="HWC")
+
     def on_fit_epoch_end(self, t) -> None:
         w = self.writer
         if w is None:
             return
         epoch = t.epoch + 1
-        for k, v in getattr(t, "results_row", {}).items():
+        for k, v in t.state.results_row.items():
             if k not in ("epoch", "time") and isinstance(v, (int, float)) and math.isfinite(v):
                 w.add_scalar(k, v, epoch)
         if self._t_epoch is not None:

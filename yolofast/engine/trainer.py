@@ -4,14 +4,15 @@ Every recipe key is one of ``yolofast.cfg.DEFAULTS`` (Ultralytics' names and def
 the final metrics dict (``metrics/mAP50-95(B)``, ``fitness``, ...) and writes ``project/name/`` with
 ``weights/last.pt``, ``weights/best.pt``, ``results.csv``, ``results.png`` and ``args.yaml``.
 
-Reading order: ``train`` -> ``_setup_train`` (build everything) -> ``_do_train`` (THE loop, top to bottom)
--> ``train_batch`` (one step: forward, loss, backward, optimizer) -> ``validate`` / ``save_model`` (what
-happens at the end of an epoch). What a run shows and writes (progress bar, results.csv/png, gradient
-norms, ``profile=True``'s time split, TensorBoard) lives in ``loggers.py``, driven by the callback events;
-what a checkpoint holds, writing it and how resume restores it in ``resume.py``; the data loaders (and
-their rebuild at another batch size) in ``loader.py``; device, seeds and precision in
-``device.py``; recovery (non-finite loss, out of memory) in ``recovery.py``, the CUDA-graph step in
-``cudagraph.py``, AutoBatch in ``autobatch.py``.
+Reading order: ``train`` -> ``_setup_train`` (each part built by a function of ``setup.py`` that returns
+it) -> ``_do_train`` (THE loop: ``_start_epoch``, ``_train_epoch``, ``_end_epoch``) -> ``train_batch``
+(one step: forward, loss, backward, optimizer) -> ``validate`` / ``save_model``. The run's state is
+``self.state`` (``RunState``: epoch, best fitness, losses, counters), what setup built ``self.parts``
+(``TrainParts``) and the schedule ``self.schedule`` (``schedule.py``: batches per epoch, warmup,
+accumulation, lr factor); ``trainer.epoch``, ``trainer.model``, ... read them (state.py). Elsewhere:
+what a run shows and writes (``loggers.py``), checkpoints and resume (``resume.py``), data loaders
+(``loader.py``), device and precision (``device.py``), recovery (``recovery.py``), the CUDA-graph step
+(``cudagraph.py``), AutoBatch (``autobatch.py``).
 
 Extending
 ---------
@@ -40,20 +41,16 @@ from __future__ import annotations
 import contextlib
 import random
 import time
-import warnings
 from pathlib import Path
 
 import torch
-import yaml
 from torch import nn
 from tqdm import tqdm
 
-from yolofast.cfg import DEFAULTS, CfgError, get_cfg, quantize_half
-from yolofast.engine import distill, elastic, loader, model_keys, optim, resume
-from yolofast.engine.autobatch import autobatch, autobatch_gt, resolve_batch
+from yolofast.cfg import CfgError, get_cfg, quantize_half
+from yolofast.engine import loader, model_keys, optim, resume, setup
 from yolofast.engine.callbacks import Callbacks, ValBatchEvents
-from yolofast.engine.compile import compile_mode, train_step_modules
-from yolofast.engine.cudagraph import GraphedTrainStep, graph_blockers, optimizer_kwargs
+from yolofast.engine.compile import train_step_modules
 from yolofast.engine.device import cpu_has_native_bf16, init_seeds, select_device, setup_amp
 from yolofast.engine.distributed import (
     PeerFailedError,
@@ -74,7 +71,9 @@ from yolofast.engine.loggers import LOSS_NAMES, METRIC_COLUMNS, RESULTS_COLUMNS,
 from yolofast.engine.multiscale import random_size, resize_batch
 from yolofast.engine.profiler import make_profiler
 from yolofast.engine.recovery import NonFiniteGuard, OutOfMemoryHalving, is_out_of_memory
-from yolofast.engine.validate_args import validate_args
+from yolofast.engine.schedule import Schedule
+from yolofast.engine.state import RunState, RunViews, TrainParts
+from yolofast.engine.validate_args import training_data, validate_args
 
 # select_device, init_seeds, cpu_has_native_bf16: yolofast/engine/device.py (re-exported here)
 __all__ = ["Trainer", "RESULTS_COLUMNS", "cpu_has_native_bf16", "select_device", "increment_path",
@@ -93,7 +92,7 @@ def increment_path(path: str | Path, exist_ok: bool = False) -> Path:
     return p
 
 
-class Trainer:
+class Trainer(RunViews):
     """Trains a YOLOv8-style detector. ``Trainer(overrides=None, **recipe)``; see the module docstring.
 
     ``model``: "yolov8n" (any scale), a model yaml/dict, a yolofast checkpoint path (its weights are the
@@ -124,21 +123,7 @@ class Trainer:
         self.rank, self.world_size = get_rank(), get_world_size()
 
         validate_args(self.args, self._model_obj)  # imgsz, model: before any data or model is made
-        from yolofast.data import check_data
-
-        self.data = check_data(self.args.data)  # fails fast (DataError) on a wrong yaml
-        if self.args.single_cls:  # labels are still checked against the data's own classes
-            self.data = {**self.data, "label_nc": self.data["nc"], "nc": 1, "names": {0: "item"}}
-        if self.args.rect and self.world_size > 1:
-            raise CfgError("rect=True trains in one process only (its batches follow one sorted order); "
-                           "drop rect or run without torchrun")
-        if self.args.split not in self.data:
-            raise CfgError(f"split={self.args.split!r} but the data has no such split "
-                           f"(it has {', '.join(k for k in ('train', 'val', 'test') if k in self.data)})")
-        try:
-            resolve_batch(self.args.batch)
-        except ValueError as e:
-            raise CfgError(str(e)) from None
+        self.data = training_data(self.args, self.world_size)  # + split, rect, batch (validate_args.py)
         if self.resume_ckpt is not None:
             self.save_dir = Path(self.resume_ckpt).parent.parent
         elif elastic_dir is not None:  # restarted before epoch 1 was saved: start over in the same folder
@@ -147,21 +132,11 @@ class Trainer:
             self.save_dir = increment_path(Path(self.args.project) / (self.args.name or "train"),
                                            self.args.exist_ok)
         self.args.name = self.save_dir.name
-        self.wdir = self.save_dir / "weights"
-        self.last, self.best = self.wdir / "last.pt", self.wdir / "best.pt"
-        self.csv = self.save_dir / "results.csv"
 
-        self.epochs = self.args.epochs
-        self.start_epoch = 0
-        self.epoch = 0
-        self.best_fitness = None
-        self.best_epoch = -1
-        self.fitness = None
-        self.metrics: dict = {}
-        self.tloss = None
+        self.state = RunState()  # epoch, best fitness, losses, counters (state.py)
+        self.parts = TrainParts()  # model, loaders, loss, optimizer, EMA, ...: built by _setup_train
+        self.schedule: Schedule | None = None  # nb, warmup, accumulate, lr factor: made by _setup_train
         self.loss_names = list(LOSS_NAMES)  # the loss items: progress header, results.csv, TensorBoard
-        self.stop = False
-        self.train_time = 0.0  # seconds, carried across resumes for results.csv's `time`
         self.grad_norm = GradNormStats(self.max_norm)  # pre-clip norm of every optimizer step (gradnorm.py)
         self.prof = make_profiler(self.args.profile, self.device)  # profile=True: the epoch's time split
         self.loggers = default_loggers(self)  # progress bar, results.csv/png, TensorBoard (loggers.py)
@@ -274,198 +249,167 @@ class Trainer:
         return torch.autocast(self.device.type, dtype=self.amp_dtype)
 
     def _setup_train(self) -> None:
+        """Build the run, each part by a function of engine/setup.py that returns it, kept in
+        ``self.parts``. The order is the hooks': get_dataloader reads the model's stride, get_loss the
+        train labels (cls_pw), get_validator the loss."""
         a = self.args
         self.device = init_distributed(self.device)  # cuda:LOCAL_RANK under torchrun
         init_seeds(a.seed + 1 + max(self.rank, 0), a.deterministic)
-        if is_main_process():
-            self.wdir.mkdir(parents=True, exist_ok=True)
-            elastic.mark_run(self.save_dir)  # where a torchrun restart finds this run (elastic.py)
-            with open(self.save_dir / "args.yaml", "w", encoding="utf-8") as f:
-                yaml.safe_dump({k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()}, f,
-                               sort_keys=False)
-
-        if self.resume_ckpt is not None:  # the run's own architecture; _restore loads its exact state
-            src = self._resume_state["model"]
-        else:
-            src = self._model_obj if self._model_obj is not None else a.model
-        self.model = self.get_model(src).to(self.device)
-        self.stride = max(int(unwrap_model(self.model).stride.max()), 32)  # multi_scale rounds sizes to it
-        self.amp_dtype, self.scaler = setup_amp(self.args.amp, self.device)  # bf16/fp16/fp32 (device.py)
-        # NHWC lets oneDNN/cuDNN pick their fast conv kernels: on the 2-core dev CPU the yolov8n step ran
-        # 1.19x faster in fp32 (21.7 vs 18.2 images/s) and 1.08x in bf16 (36.9 vs 34.0).
-        self.channels_last = self.device.type in ("cuda", "cpu") and a.channels_last is not False
-        if self.channels_last:
-            self.model.to(memory_format=torch.channels_last)
-        self.model.train()
-        if a.sync_bn:
-            if self.world_size > 1 and self.device.type == "cuda":
-                self.model = nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
-            else:
-                warnings.warn("sync_bn=True needs DDP on CUDA (torchrun with nccl); BatchNorm statistics "
-                              "stay per process", stacklevel=2)
-        auto, fraction = resolve_batch(a.batch)
-        self.batch_size = max(DEFAULTS["batch"] if auto else a.batch // self.world_size, 1)
-        self.train_loader = self.get_dataloader(self.data["train"], self.batch_size, mode="train")
-        self.criterion = self.get_loss(self.model)  # after the loader: cls_pw counts its labels
-        # With distill_model: the student + projectors + frozen teacher, and the loss with dis_loss added
-        # (engine/distill.py); otherwise the model and criterion themselves.
-        self.step_model, step_loss, extra = distill.train_step(
-            self.model, self.criterion, a, self.data["names"], self.device, self.channels_last)
+        setup.write_run_dir(self)
+        p = self.parts = TrainParts()
+        p.model = setup.build_model(self, self._model_source(), nhwc=setup.channels_last(a, self.device))
+        p.stride = setup.model_stride(p.model)
+        p.amp_dtype, p.scaler = setup_amp(a.amp, self.device)  # bf16/fp16/fp32 (device.py)
+        p.channels_last = setup.channels_last(a, self.device)
+        p.batch_size = setup.rank_batch(a, self.world_size)
+        p.train_loader = self.get_dataloader(self.data["train"], p.batch_size, mode="train")
+        p.criterion, p.step_model, step_loss, extra = setup.build_loss(self, p.model)
         # After the names a subclass appended before train() (its loss items); once, should setup run again.
         self.loss_names += [n for n in extra if n not in self.loss_names]
         # DDP wrap, loss x world size, torch.compile (model + whole loss): yolofast/engine/compile.py
-        self.train_model, self.train_loss = train_step_modules(self.step_model, step_loss, self.device,
-                                                               a.compile, self.world_size)
-        if auto and self.world_size > 1:
-            # Profiling on rank 0 alone would run SyncBN / DDP collectives the other ranks never join.
-            self.log(f"AutoBatch: single-process only; under DDP keeping batch {DEFAULTS['batch']} per rank "
-                     f"(pass batch=N for another size)")
-        elif auto:  # the largest batch whose step fits `fraction` of the GPU, at the data's largest GT count
-            max_gt = autobatch_gt(self.train_loader.dataset, a.mosaic)
-            b = autobatch(self.step_model, step_loss, a.imgsz, self.device, fraction, max_gt=max_gt,
-                          amp_dtype=self.amp_dtype, default=DEFAULTS["batch"], log=self.log)
+        p.train_model, p.train_loss = train_step_modules(p.step_model, step_loss, self.device, a.compile,
+                                                         self.world_size)
+        b = setup.auto_batch(self, p.step_model, step_loss, p.train_loader)
+        if b is not None:
             self.rebuild_train_loader(b, epoch=0)
-        a.batch = self.batch_size * self.world_size  # the resolved total, as checkpoints and resume see it
-        self.val_loader = self.get_dataloader(self.data[a.split], self.batch_size * 2, mode="val")
-        self.validator = self.get_validator()
+        a.batch = p.batch_size * self.world_size  # the resolved total, as checkpoints and resume see it
+        p.val_loader = self.get_dataloader(self.data[a.split], p.batch_size * 2, mode="val")
+        p.validator = self.get_validator()
+        self._setup_step()
 
+    def _setup_step(self) -> None:
+        """EMA, schedule, optimizer, lr scheduler, the CUDA-graph step and recovery; then a resumed run's
+        state (resume.py)."""
         from yolofast.engine.ema import ModelEMA
 
-        self.ema = ModelEMA(self.model)
-        self.nonfinite = NonFiniteGuard(self)
-        self.oom = OutOfMemoryHalving(self)
-
-        nb = len(self.train_loader)
-        self.accumulate = optim.accumulate_steps(a.nbs, a.batch)
-        graph_why = graph_blockers(self.device, compile_mode(a.compile)[0], self.world_size > 1,
-                                   self.accumulate, self.scaler.is_enabled()) if a.cuda_graph else None
-        if graph_why is not None and (a.multi_scale or a.rect):  # a graph replays one input shape
-            graph_why.append(f"{'multi_scale' if a.multi_scale else 'rect'} changes the input shape per "
-                             f"batch")
+        a, p = self.args, self.parts
+        p.ema = ModelEMA(p.model)
+        p.nonfinite, p.oom = NonFiniteGuard(self), OutOfMemoryHalving(self)
+        self.schedule = Schedule(a, nb=len(p.train_loader))
+        why = setup.step_blockers(self, self.schedule.accumulate, p.scaler)
         resumed_auto = self._resume_state.get("optimizer_auto") if self.resume_ckpt is not None else None
-        self.optimizer, self.optimizer_auto, self.momentum, self.warmup_bias_lr = optim.recipe_optimizer(
-            self.step_model, a, len(self.train_loader.dataset), self.accumulate, self.data["nc"],
-            resumed_auto, extra=optimizer_kwargs if graph_why == [] else None, log=self.log)
-        if self.optimizer_auto and is_main_process():  # args.yaml says what auto chose, as train_args do
-            with open(self.save_dir / "args.yaml", "w", encoding="utf-8") as f:
-                yaml.safe_dump({k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()}, f,
-                               sort_keys=False)
-        self.lf = optim.lr_lambda(self.epochs, a.lrf, a.cos_lr)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda=self.lf)
-        self.nb = nb
-        self.nw = optim.warmup_iters(a.warmup_epochs, self.epochs, nb)
-        self.graph = None  # CUDA-graph step (cuda_graph=True): captured after the warmup (cudagraph.py)
-        if graph_why:
-            warnings.warn(f"cuda_graph=True but {'; '.join(graph_why)}: using the eager step", stacklevel=2)
-        elif graph_why == []:
-            bucket = autobatch_gt(self.train_loader.dataset, a.mosaic)  # GT rows of the captured batch
-            self.graph = GraphedTrainStep(self.step_model, self.train_loss, self.optimizer, self.ema,
-                                          self.amp_dtype, gt_bucket=bucket, batch_size=self.batch_size,
-                                          max_norm=self.max_norm)
-
+        p.optimizer, p.optimizer_auto, momentum, bias_lr = setup.build_optimizer(
+            self, p.step_model, len(p.train_loader.dataset), self.schedule.accumulate, graphed=why == [],
+            resumed_auto=resumed_auto)
+        self.schedule.start_warmup(momentum, bias_lr)
+        p.scheduler = self.schedule.lr_scheduler(p.optimizer)
+        p.graph = setup.build_graph(self, why, p)  # captured after the warmup (cudagraph.py)
         if self.resume_ckpt is not None:
-            resume.restore(self, self._resume_state)  # model, EMA, optimizer, ..., RNG: resume.py
+            self.state = resume.restore(self, self._resume_state)  # model, EMA, optimizer, ..., RNG
             del self._resume_state
         resume.check_ranks_agree(self)
 
+    def _model_source(self):
+        """What get_model builds from: a resumed run's own model, the given nn.Module, or ``args.model``."""
+        if self.resume_ckpt is not None:  # the run's own architecture; resume.restore loads its state
+            return self._resume_state["model"]
+        return self._model_obj if self._model_obj is not None else self.args.model
+
     # ------------------------------------------------------------------ THE loop
     def _do_train(self) -> None:
-        """DESIGN §4, in order. Per epoch: train mode, sampler epoch, close_mosaic; per batch: warmup,
-        autocast forward, fp32 loss, scaled backward, and every ``accumulate`` batches
-        unscale -> clip 10.0 -> step -> scaler update -> zero_grad -> EMA; then the scheduler, validation
-        of the EMA, results.csv, checkpoints, early stopping and the time limit."""
-        a, model, opt = self.args, self.model, self.optimizer
-        self.last_opt_step = self.start_epoch * self.nb - 1
-        t_start = time.time() - self.train_time
+        """DESIGN §4, in order. Per epoch: ``_start_epoch`` (train mode, sampler epoch, close_mosaic), the
+        batches (``_train_epoch``: warmup, then ``train_batch``), the scheduler, ``_end_epoch``
+        (validation of the EMA, best fitness, early stopping, checkpoints, results.csv)."""
+        a, s = self.args, self.state
+        s.last_opt_step = s.start_epoch * self.schedule.nb - 1
+        t_start = time.time() - s.train_time
         self.run_callbacks("on_train_start")
         self.log(f"Image sizes {a.imgsz} train, {a.imgsz} val; {a.workers} dataloader workers; logging "
                  f"results to {self.save_dir}\nStarting training for {self.epochs} epochs...")
-        opt.zero_grad(set_to_none=True)
-        epoch = self.start_epoch
-        for epoch in range(self.start_epoch, self.epochs):
-            self.epoch = epoch
-            model.train()
-            freeze_bn(model, getattr(self, "frozen", None))  # frozen layers keep their BatchNorm statistics
-            sampler = getattr(self.train_loader, "sampler", None)
-            if hasattr(sampler, "set_epoch"):
-                sampler.set_epoch(epoch)
-            if len(self.train_loader) != self.nb:  # the first whole epoch after an out-of-memory halving
-                self.nb = len(self.train_loader)
-                self.nw = optim.warmup_iters(a.warmup_epochs, self.epochs, self.nb)
-            if a.close_mosaic and epoch == self.epochs - a.close_mosaic:
-                self.log("Closing dataloader mosaic")
-                loader.close_mosaic(self.train_loader)
-            self.run_callbacks("on_train_epoch_start")
-            self.nonfinite.snapshot()  # the last good state a run of non-finite losses falls back to
-            self.tloss = None
-            self.prof.reset()
-            for i, batch in loader.epoch_batches(self):  # goes on across an OOM halving
-                self.batch_i = i
-                self.run_callbacks("on_train_batch_start")
-                ni = i + self.nb * epoch  # iterations since the run began
-                if ni <= self.nw and self.nw > 0:
-                    targets = [g["initial_lr"] * self.lf(epoch) for g in opt.param_groups]
-                    lrs, mom, self.accumulate = optim.warmup_values(
-                        ni, self.nw, lr_targets=targets, bias_lr0=self.warmup_bias_lr,
-                        momentum0=a.warmup_momentum, momentum=self.momentum, nbs=a.nbs, batch=a.batch,
-                        tags=[g.get("param_group") for g in opt.param_groups])
-                    for g, lr in zip(opt.param_groups, lrs):
-                        optim.set_group_value(g, "lr", lr)
-                        if "momentum" in g:  # SGD/RMSProp only; Adam's beta1 stays `momentum`
-                            g["momentum"] = mom
-
-                self.batch = batch = self.preprocess_batch(batch)
-                self.prof.mark("data")
-                try:
-                    items = self.train_batch(batch, epoch, i, ni)
-                except RuntimeError as e:  # out of memory: half the batch; this batch's images come next
-                    if not is_out_of_memory(e):
-                        raise
-                    i = self.oom.halve(e, epoch, i, self.epoch_images)
-                    self.last_opt_step = i + self.nb * epoch - 1
-                    continue
-                if items is None:  # non-finite loss: the step was skipped (recovery.py)
-                    continue
-
-                self.loss_items = items = items.detach().float().cpu()
-                self.tloss = items if self.tloss is None else (self.tloss * i + items) / (i + 1)
-                self.run_callbacks("on_train_batch_end")
-                self.prof.mark("other")
-                if a.time and broadcast_flag(time.time() - t_start > a.time * 3600):  # ranks stop together
-                    self.stop = True
-                    self.log(f"Time limit of {a.time} h reached in epoch {epoch + 1}; stopping")
-                    break
-
-            self.lr = {f"lr/pg{j}": float(g["lr"]) for j, g in enumerate(opt.param_groups)}
+        self.optimizer.zero_grad(set_to_none=True)
+        epoch = s.start_epoch
+        for epoch in range(s.start_epoch, self.epochs):
+            s.epoch = epoch
+            self._start_epoch(epoch)
+            self._train_epoch(epoch, t_start)
+            s.lr = {f"lr/pg{j}": float(g["lr"]) for j, g in enumerate(self.optimizer.param_groups)}
             self.run_callbacks("on_train_epoch_end")
             self.scheduler.step()
             self.run_callbacks("on_params_update")
-
-            if a.val or epoch + 1 == self.epochs or self.stop:  # self.stop here: the time limit
-                self.prof.mark("other")
-                self.metrics, self.fitness = rank0_broadcast(self.validate)  # rank 0 validates
-                self.prof.mark("val")
-                if self.best_fitness is None or self.fitness > self.best_fitness:
-                    self.best_fitness, self.best_epoch = self.fitness, epoch
-                if a.patience and epoch - self.best_epoch >= a.patience:
-                    self.stop = True
-                    self.log(f"Stopping early: no improvement in the last {a.patience} epochs; best was "
-                             f"epoch {self.best_epoch + 1} (fitness {self.best_fitness:.4f})")
-            final = epoch + 1 == self.epochs or self.stop
-            self.train_time = time.time() - t_start
-            if a.save or final:
-                self.save_model()
-                self.run_callbacks("on_model_save")
-            self.run_callbacks("on_fit_epoch_end")  # results.csv is written here (loggers.py)
-            if self.stop:
+            self._end_epoch(epoch, t_start)
+            if s.stop:
                 break
-        self.epoch = epoch
-        resume.validate_best(self)  # the returned metrics are best.pt's
+        s.epoch = epoch
+        best = resume.validate_best(self)  # the returned metrics are best.pt's
+        if best is not None:
+            s.metrics, s.fitness = best
         self.run_callbacks("on_train_end")  # results.png (loggers.py)
         hours = (time.time() - t_start) / 3600
-        self.log(f"\n{epoch - self.start_epoch + 1} epochs completed in {hours:.3f} hours "
+        self.log(f"\n{epoch - s.start_epoch + 1} epochs completed in {hours:.3f} hours "
                  f"({hours * 60:.1f} min).\nResults saved to {self.save_dir.resolve()}"
                  f"\n  weights: {self.best.resolve()}\n  metrics: {self.csv.resolve()}")
+
+    def _start_epoch(self, epoch: int) -> None:
+        self.model.train()
+        freeze_bn(self.model, self.parts.frozen)  # frozen layers keep their BatchNorm statistics
+        sampler = getattr(self.train_loader, "sampler", None)
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+        if len(self.train_loader) != self.schedule.nb:  # the first whole epoch after an out-of-memory halving
+            self.schedule.nb = len(self.train_loader)
+        if self.args.close_mosaic and epoch == self.epochs - self.args.close_mosaic:
+            self.log("Closing dataloader mosaic")
+            loader.close_mosaic(self.train_loader)
+        self.run_callbacks("on_train_epoch_start")
+        self.parts.nonfinite.snapshot()  # the last good state a run of non-finite losses falls back to
+        self.state.tloss = None
+        self.prof.reset()
+
+    def _train_epoch(self, epoch: int, t_start: float) -> None:
+        """The epoch's batches: warmup values, preprocess, the step, the running mean of the loss items
+        and the time limit. An out of memory halves the batch and goes on (``_out_of_memory``)."""
+        a, s, sched = self.args, self.state, self.schedule
+        for i, batch, images_done in loader.epoch_batches(self):  # goes on across an OOM halving
+            s.batch_i = i
+            self.run_callbacks("on_train_batch_start")
+            ni = i + sched.nb * epoch  # iterations since the run began
+            sched.warmup(ni, epoch, self.optimizer)  # lr, momentum, accumulate while ni <= nw
+            s.batch = batch = self.preprocess_batch(batch)
+            self.prof.mark("data")
+            try:
+                items = self.train_batch(batch, epoch, i, ni)
+            except RuntimeError as e:  # out of memory: half the batch; this batch's images come next
+                self._out_of_memory(e, epoch, i, images_done)
+                continue
+            if items is None:  # non-finite loss: the step was skipped (recovery.py)
+                continue
+            s.loss_items = items = items.detach().float().cpu()
+            s.tloss = items if s.tloss is None else (s.tloss * i + items) / (i + 1)
+            self.run_callbacks("on_train_batch_end")
+            self.prof.mark("other")
+            if a.time and broadcast_flag(time.time() - t_start > a.time * 3600):  # ranks stop together
+                s.stop = True
+                self.log(f"Time limit of {a.time} h reached in epoch {epoch + 1}; stopping")
+                break
+
+    def _out_of_memory(self, e: RuntimeError, epoch: int, i: int, images_done: int) -> None:
+        """Re-raise anything but an out of memory; else halve the batch (recovery.py): the epoch goes on
+        from the failed batch's images, and the next step counts from there."""
+        if not is_out_of_memory(e):
+            raise e
+        i = self.parts.oom.halve(e, epoch, i, images_done)
+        self.state.last_opt_step = i + self.schedule.nb * epoch - 1
+
+    def _end_epoch(self, epoch: int, t_start: float) -> None:
+        """Validation (every epoch with val=True, and the last), best fitness, early stopping by patience,
+        checkpoints and the on_fit_epoch_end callbacks (results.csv: loggers.py)."""
+        a, s = self.args, self.state
+        if a.val or epoch + 1 == self.epochs or s.stop:  # s.stop here: the time limit
+            self.prof.mark("other")
+            s.metrics, s.fitness = rank0_broadcast(self.validate)  # rank 0 validates
+            self.prof.mark("val")
+            if s.best_fitness is None or s.fitness > s.best_fitness:
+                s.best_fitness, s.best_epoch = s.fitness, epoch
+            if a.patience and epoch - s.best_epoch >= a.patience:
+                s.stop = True
+                self.log(f"Stopping early: no improvement in the last {a.patience} epochs; best was "
+                         f"epoch {s.best_epoch + 1} (fitness {s.best_fitness:.4f})")
+        final = epoch + 1 == self.epochs or s.stop
+        s.train_time = time.time() - t_start
+        if a.save or final:
+            self.save_model()
+            self.run_callbacks("on_model_save")
+        self.run_callbacks("on_fit_epoch_end")  # results.csv is written here (loggers.py)
 
     def train_batch(self, batch: dict, epoch: int, i: int, ni: int) -> torch.Tensor | None:
         """One batch: autocast forward, fp32 loss, scaled backward and, every ``accumulate`` batches, the
@@ -480,16 +424,16 @@ class Trainer:
         loss, items = self.train_loss([f.float() for f in feats], batch)  # loss in fp32
         if not self.nonfinite.check(loss, batch, epoch, i):  # skipped; restores or raises (recovery.py)
             self.optimizer.zero_grad(set_to_none=True)
-            self.last_opt_step = ni
+            self.state.last_opt_step = ni
             return None
         self.prof.mark("loss")
         self.scaler.scale(loss).backward()
         self.prof.mark("backward")
         # The last batch of an epoch always steps: no gradient crosses an epoch boundary, so a checkpoint
         # holds everything and a resumed run is exact.
-        if ni - self.last_opt_step >= self.accumulate or i == self.nb - 1:
+        if ni - self.state.last_opt_step >= self.accumulate or i == self.nb - 1:
             self.optimizer_step()
-            self.last_opt_step = ni
+            self.state.last_opt_step = ni
             self.prof.mark("optimizer")
         return items
 
@@ -503,7 +447,7 @@ class Trainer:
             if self.nonfinite.streak:  # (check() restored by itself when this ended a streak)
                 self.nonfinite.restore(count=False)  # not the loss's fault: the graph could not skip
             return None
-        self.last_opt_step = ni
+        self.state.last_opt_step = ni
         self.grad_norm.add(grad_norm)
         self.run_callbacks("optimizer_step")
         self.run_callbacks("on_before_zero_grad")
@@ -512,8 +456,14 @@ class Trainer:
     def preprocess_batch(self, batch: dict) -> dict:
         """Tensors to the device (non_blocking), images to float in [0, 1]."""
         dev = self.device
+        if "plans" in batch:  # augment_device: the loader sent plans, the device renders the images
+            from yolofast.data.device_aug import apply_plans
+
+            batch = {**batch, "img": apply_plans(batch["plans"], dev)}
         out = {k: (v.to(dev, non_blocking=True) if torch.is_tensor(v) else v) for k, v in batch.items()}
-        out["img"] = out["img"].float() / 255
+        # Training images arrive channels-last uint8: layout and scaling in one pass here, on the device.
+        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+        out["img"] = out["img"].to(torch.float32, memory_format=fmt).div_(255)
         if self.args.multi_scale:  # a random size per batch around imgsz (multiscale.py)
             out["img"] = resize_batch(out["img"], random_size(self.args.imgsz, self.args.multi_scale,
                                                               self.stride, random), self.stride)
@@ -545,14 +495,30 @@ class Trainer:
         fitness = metrics.get("fitness", metrics.get("metrics/mAP50-95(B)"))
         if fitness is None:  # a custom validator without mAP: lower validation loss is better
             fitness = -sum(metrics.get(k, 0.0) for k in METRIC_COLUMNS[4:])
-        self.metrics = metrics
+        self.state.metrics = metrics
         self.run_callbacks("on_val_end")
         return metrics, float(fitness)
 
     def rebuild_train_loader(self, batch_size: int, epoch: int, skip: int = 0) -> None:
         """A train loader over the same dataset at ``batch_size`` (per rank), starting ``skip`` images into
-        ``epoch``'s order; batches per epoch, accumulation and warmup follow the new size."""
-        loader.rebuild_train_loader(self, batch_size, epoch, skip)  # engine/loader.py
+        ``epoch``'s order; batches per epoch, accumulation, warmup and weight decay follow the new size."""
+        p, a = self.parts, self.args
+        p.train_loader = loader.rebuild_train_loader(self, batch_size, epoch, skip)  # engine/loader.py
+        p.batch_size, a.batch = batch_size, batch_size * self.world_size
+        if p.graph is not None:
+            p.graph.disable(f"the batch size changed to {batch_size}")
+        if self.schedule is None:  # AutoBatch, before the schedule is made from this loader
+            return
+        self.schedule.rebatch(skip // batch_size + len(p.train_loader))
+        if p.optimizer is not None:  # weight decay is sized for batch x accumulate (group 1: the weights)
+            p.optimizer.param_groups[1]["weight_decay"] = optim.scaled_weight_decay(
+                a.weight_decay, a.batch, self.schedule.accumulate, a.nbs)
+
+    def use_parts(self, parts: TrainParts) -> TrainParts:
+        """Make ``parts`` the trainer's (the hooks read the model, loaders and AMP from them); returns the
+        previous ones. The doctor builds its own this way and hands the trainer's back."""
+        previous, self.parts = self.parts, parts
+        return previous
 
     def save_model(self) -> None:
         """last.pt every time; best.pt when this epoch has the best fitness; epoch{N}.pt every save_period."""

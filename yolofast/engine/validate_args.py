@@ -61,3 +61,25 @@ def validate_args(args, model_obj=None) -> None:
     """Check ``args`` (a get_cfg namespace) in place; imgsz is normalised to an int."""
     args.imgsz = check_imgsz(args.imgsz)
     check_model(args.model, model_obj)
+
+
+def training_data(args, world_size: int) -> dict:
+    """The checked data dict of ``args.data`` (DataError on a wrong yaml), with single_cls applied; CfgError
+    for a ``split`` the data lacks, rect under DDP, or a bad ``batch``."""
+    from yolofast.data import check_data
+    from yolofast.engine.autobatch import resolve_batch
+
+    data = check_data(args.data)  # fails fast on a wrong yaml
+    if args.single_cls:  # labels are still checked against the data's own classes
+        data = {**data, "label_nc": data["nc"], "nc": 1, "names": {0: "item"}}
+    if args.rect and world_size > 1:
+        raise CfgError("rect=True trains in one process only (its batches follow one sorted order); "
+                       "drop rect or run without torchrun")
+    if args.split not in data:
+        raise CfgError(f"split={args.split!r} but the data has no such split "
+                       f"(it has {', '.join(k for k in ('train', 'val', 'test') if k in data)})")
+    try:
+        resolve_batch(args.batch)
+    except ValueError as e:
+        raise CfgError(str(e)) from None
+    return data

@@ -3,8 +3,8 @@
 Supported files:
 * yolofast checkpoints (tensors + plain config, ``format`` = ``FORMAT``; they also load with
   ``torch.load(weights_only=True)``), and older yolofast ones that pickled whole modules;
-* Ultralytics YOLOv8 detection checkpoints (``best.pt`` stripped to an fp16 ``model``, a mid-run
-  ``last.pt`` with ``ema`` and optimizer state, ``Model.save`` output).
+* Ultralytics YOLOv8, YOLO11 and YOLO26 detection checkpoints (``best.pt`` stripped to an fp16 ``model``,
+  a mid-run ``last.pt`` with ``ema`` and optimizer state, ``Model.save`` output).
 
 Every file goes through the restricted unpickler of :mod:`yolofast.io.safe_pickle`, so no code stored in a
 pickle runs and Ultralytics is never imported; its modules arrive as inert stubs whose state is read here.
@@ -31,17 +31,18 @@ FORMAT = "yolofast/2"  # tensors + plain config; "yolofast/1" (implicit) pickled
 # Classes a supported model may be made of, by the last part of their pickled name. Conv2d..Identity are
 # torch.nn's; the rest have the same names in yolofast.nn and ultralytics.nn.modules.
 _LAYERS = {"DetectionModel", "Conv", "C2f", "Bottleneck", "SPPF", "Concat", "Detect", "DFL", "Upsample",
-           "Conv2d", "BatchNorm2d", "SiLU", "MaxPool2d", "Sequential", "ModuleList", "Identity"}
+           "Conv2d", "BatchNorm2d", "SiLU", "MaxPool2d", "Sequential", "ModuleList", "Identity",
+           "C3k2", "C3k", "C2PSA", "PSABlock", "Attention", "DWConv"}
 # Ultralytics model classes by task (ultralytics.nn.tasks), for the refusal message.
 _TASKS = {"SegmentationModel": "segment", "PoseModel": "pose", "OBBModel": "obb",
           "ClassificationModel": "classify", "RTDETRDetectionModel": "RT-DETR detect",
           "WorldModel": "YOLO-World detect", "YOLOEModel": "YOLOE detect", "YOLOESegModel": "YOLOE segment"}
 # Layer classes that tell the family apart (the yaml name is used first when it has one).
-_FAMILY = {"C3k2": "YOLO11", "C2PSA": "YOLO11", "A2C2f": "YOLO12", "C3": "YOLOv5u", "SPPELAN": "YOLOv9",
+_FAMILY = {"A2C2f": "YOLO12", "C3": "YOLOv5u", "SPPELAN": "YOLOv9",
            "RepNCSPELAN4": "YOLOv9", "SCDown": "YOLOv10", "PSA": "YOLOv10", "C2fCIB": "YOLOv10"}
 _STEMS = {"yolo26": "YOLO26", "yolo12": "YOLO12", "yolo11": "YOLO11", "yolov10": "YOLOv10",
           "yolov9": "YOLOv9", "yolov6": "YOLOv6", "yolov5": "YOLOv5u", "yolov3": "YOLOv3u"}
-SUPPORTED = ("YOLOv8 detection (n/s/m/l/x: DetectionModel with a Detect head over Conv/C2f/SPPF layers), "
+SUPPORTED = ("YOLOv8, YOLO11 and YOLO26 detection (n/s/m/l/x: DetectionModel with a Detect head), "
              "from Ultralytics or yolofast")
 
 
@@ -137,11 +138,6 @@ def _check_architecture(path: Path, model: Stub) -> Stub:
             f"'{path}' holds a {_TASKS[top]} model: {found}. yolofast supports {SUPPORTED}")
     if top != "DetectionModel" or head_name != "Detect":
         raise UnsupportedCheckpointError(f"'{path}' holds {found}. yolofast supports {SUPPORTED}")
-    hd = vars(head)
-    if hd.get("end2end") or hd.get("_end2end") or "one2one_cv2" in (hd.get("_modules") or {}):
-        raise UnsupportedCheckpointError(
-            f"'{path}' holds an end-to-end (NMS-free, one-to-one) Detect head as YOLOv10/YOLO26 use: "
-            f"{found}. yolofast supports {SUPPORTED}")
     other = [c for c in _classes(model) if c.rsplit(".", 1)[-1] not in _LAYERS]
     if other:
         short = sorted({c.rsplit(".", 1)[-1] for c in other})
@@ -151,10 +147,6 @@ def _check_architecture(path: Path, model: Stub) -> Stub:
         raise UnsupportedCheckpointError(
             f"'{path}' holds {family} ({found}) with layers yolofast does not build: {', '.join(short)}. "
             f"yolofast supports {SUPPORTED}")
-    reg_max = int(hd.get("reg_max", 16))
-    if reg_max != 16:
-        raise UnsupportedCheckpointError(f"'{path}' has a Detect head with reg_max={reg_max}: {found}. "
-                                         f"yolofast supports {SUPPORTED} with reg_max 16")
     return head
 
 
@@ -178,7 +170,7 @@ def _build_cfg(path: Path, yaml: dict, nc: int, sd: dict) -> tuple[dict | str, s
         scale = next((s for s, (_, w, mc) in scales.items() if int(np.ceil(min(64, mc) * w / 8) * 8) == c0),
                      None)
     cfg = {k: copy.deepcopy(v) for k, v in yaml.items() if k in (
-        "scales", "depth_multiple", "width_multiple", "max_channels", "reg_max", "name")}
+        "scales", "depth_multiple", "width_multiple", "max_channels", "reg_max", "end2end", "name")}
     cfg.update(nc=nc, ch=int(yaml.get("channels", yaml.get("ch", 3))), backbone=_rows(yaml["backbone"]),
                head=_rows(yaml["head"]))
     if scale in scales:
@@ -186,10 +178,41 @@ def _build_cfg(path: Path, yaml: dict, nc: int, sd: dict) -> tuple[dict | str, s
     same = (_rows(YOLOV8["backbone"]) == cfg["backbone"]
             and [[f, n, "Upsample" if m == "nn.Upsample" else m, a] for f, n, m, a in cfg["head"]]
             == _rows(YOLOV8["head"]) and scales == YOLOV8["scales"])
-    if same and scale in scales and cfg["ch"] == 3:
+    width = class_width(sd, nc)
+    if same and scale in scales and cfg["ch"] == 3 and width is None:
         return f"yolov8{scale}", scale  # the built-in config: the same model, named as users know it
+    if width is not None:
+        cfg["head_cls_width"] = width  # read from the weights: a fine-tuned head keeps its source's width
+    family = _bundled_family(cfg, scale)
+    if family and cfg["ch"] == 3 and width is None:
+        return family, scale
     cfg.setdefault("name", Path(str(yaml.get("yaml_file", "model"))).stem)
     return cfg, scale
+
+
+def class_width(sd: dict, nc: int) -> int | None:
+    """The head's class-branch width (columns of the first level's final class conv, cv3.0.2) when it is
+    not what the width rule max(C_P3, min(nc, 100)) gives (a head fine-tuned from other classes), else
+    None."""
+    w = next((v for k, v in sd.items() if k.endswith(".cv3.0.2.weight")), None)
+    box = next((v for k, v in sd.items() if k.endswith(".cv2.0.0.conv.weight")), None)
+    if w is None or box is None or w.dim() != 4:
+        return None
+    return None if int(w.shape[1]) == max(int(box.shape[1]), min(nc, 100)) else int(w.shape[1])
+
+
+def _bundled_family(cfg: dict, scale) -> str | None:
+    """'yolo26n' when cfg's rows, scales and head flags are those of the bundled family yaml."""
+    from yolofast.nn.model import _load_cfg
+
+    for fam in ("yolo11", "yolo26"):
+        ref = _load_cfg(f"{fam}n")
+        if (scale in ref["scales"] and cfg.get("scales") == ref["scales"]
+                and cfg["backbone"] == _rows(ref["backbone"]) and cfg["head"] == _rows(ref["head"])
+                and bool(cfg.get("end2end", False)) == bool(ref.get("end2end", False))
+                and int(cfg.get("reg_max", 16)) == int(ref.get("reg_max", 16))):
+            return f"{fam}{scale}"
+    return None
 
 
 def _names(raw, nc: int) -> dict[int, str]:

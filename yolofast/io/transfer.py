@@ -1,10 +1,15 @@
 """Start a model from a checkpoint's weights when the data has other classes (fine-tuning).
 
 Every tensor whose name and shape match is copied. The head's class rows (the last conv of each ``cv3``
-branch: one weight row and one bias entry per class) are matched by class name, as Ultralytics 8.4 does
-with ``cls_remap=True``: a class of the new data that the checkpoint also knows gets its rows, the others
-keep their fresh initialisation (the prior bias of ``Detect.bias_init``). With ``remap=False``
-(``cls_remap=False``) the class rows are copied by index, and only when both have the same number of classes.
+branch, and of each ``one2one_cv3`` branch of YOLO26: one weight row and one bias entry per class) are
+matched by class name (case-insensitive), as Ultralytics 8.4 does with ``cls_remap=True``: a class of the
+new data that the checkpoint also knows gets its rows, the others keep their fresh initialisation (the
+prior bias of ``Detect.bias_init``). With ``remap=False`` (``cls_remap=False``) the class rows are copied
+by index, and only when both have the same number of classes.
+
+A model started from a checkpoint for other classes keeps the checkpoint's class-branch width (a
+yolo26n from 80 COCO classes keeps 80 channels for 3 classes, where a yaml-built one has 64), so every
+class-branch tensor but the last conv transfers, as in Ultralytics 8.4.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ __all__ = ["transfer_weights", "class_row_keys", "model_from_weights", "load_wei
 def class_row_keys(model: nn.Module) -> list[str]:
     """State-dict names of the head's per-class tensors (the last conv of each cv3 branch)."""
     head = f"model.{len(model.model) - 1}."
-    pat = re.compile(rf"^{re.escape(head)}cv3\.\d+\.2\.(weight|bias)$")
+    pat = re.compile(rf"^{re.escape(head)}(one2one_)?cv3\.\d+\.2\.(weight|bias)$")
     return [k for k in model.state_dict() if pat.match(k)]
 
 
@@ -32,8 +37,9 @@ def transfer_weights(model: nn.Module, src: dict[str, torch.Tensor], src_names: 
     data whose rows came from ``src``) and ``matched`` (their names)."""
     own = model.state_dict()
     rows = set(class_row_keys(model))
-    by_name = {v: k for k, v in src_names.items()}
-    pairs = [(j, by_name[n]) for j, n in sorted(dst_names.items()) if n in by_name]  # (new index, old index)
+    by_name = {str(v).lower(): k for k, v in src_names.items()}
+    pairs = [(j, by_name[n.lower()]) for j, n in sorted(dst_names.items())
+             if str(n).lower() in by_name]  # (new index, old index)
     same_classes = dict(src_names) == dict(dst_names)
     if not remap:  # by index: rows line up when the counts match, whatever the names
         same_classes = len(src_names) == len(dst_names)
@@ -77,6 +83,7 @@ def load_weights(model: nn.Module, path, names, remap: bool = True, log=print,
     """``path``'s weights into ``model`` (``pretrained=path``, or ``model=path.pt``), class rows carried
     over by name (``remap``, Ultralytics' ``cls_remap``) or by index; logs what was transferred."""
     src = src or read_weights(path, "pretrained")
+    _match_class_width(model, src["state_dict"])
     names = dict(enumerate(names)) if isinstance(names, (list, tuple)) else dict(names)
     names = {int(k): str(v) for k, v in names.items()}
     n = transfer_weights(model, src["state_dict"], src["names"], names, remap=remap)
@@ -84,18 +91,41 @@ def load_weights(model: nn.Module, path, names, remap: bool = True, log=print,
         f"from {path} ({src['source']} {src['arch']}, {src['nc']} classes)")
 
 
+def _match_class_width(model: nn.Module, sd: dict) -> None:
+    """Rebuild ``model``'s class branches at the width of ``sd``'s when the head inputs agree but the
+    widths do not (a yaml-built nc=3 yolo26n has 64, weights fine-tuned from COCO have 80)."""
+    head = getattr(model, "head", None)
+    w = next((v for k, v in sd.items() if k.endswith(".cv3.0.2.weight")), None)
+    box = next((v for k, v in sd.items() if k.endswith(".cv2.0.0.conv.weight")), None)
+    if head is None or w is None or box is None or not hasattr(head, "rebuild_class_branches"):
+        return
+    own = head.cv3[0][2].weight
+    if int(w.shape[1]) == own.shape[1] or int(box.shape[1]) != head.cv2[0][0].conv.in_channels:
+        return
+    head.rebuild_class_branches(int(w.shape[1]))
+    if isinstance(getattr(model, "yaml", None), dict):
+        model.yaml["head_cls_width"] = int(w.shape[1])  # so that its checkpoints rebuild the same model
+
+
 def model_from_weights(path, nc: int, names, log=print, load: bool = True, remap: bool = True) -> nn.Module:
     """A fresh model of the checkpoint's architecture for ``nc`` classes ``names``, started from its weights
     (yolofast's or Ultralytics' .pt, read safely; ``load=False``: ``pretrained=False``, the architecture
     only). The trainer's ``model=path.pt``."""
     from yolofast.cfg import CfgError
+    from yolofast.io.reader import class_width
     from yolofast.nn import build_model
+    from yolofast.nn.model import _load_cfg
 
     src = read_weights(path, "model")
     if src["cfg"] is None:
         raise CfgError(f"model={str(path)!r} holds a custom {src['arch']} without a model config; pass "
                        f"the module itself (Trainer(model=module)) with its weights loaded")
-    model = build_model(src["cfg"], nc=nc)
+    cfg = src["cfg"]
+    width = class_width(src["state_dict"], nc)
+    if width is not None:  # the source's class-branch width, not the width rule's for nc classes
+        cfg = _load_cfg(cfg)
+        cfg["head_cls_width"] = width
+    model = build_model(cfg, nc=nc)
     if load:
         load_weights(model, path, names, remap=remap, log=log, src=src)
     else:

@@ -54,7 +54,7 @@ class Detect(nn.Module):
     """
 
     def __init__(self, nc: int = 80, ch: tuple[int, ...] = (), strides: tuple[float, ...] = (8, 16, 32),
-                 reg_max: int = 16, end2end: bool = False, legacy: bool = True):
+                 reg_max: int = 16, end2end: bool = False, legacy: bool = True, c3: int | None = None):
         super().__init__()
         if len(ch) != len(strides):
             raise ValueError(f"Detect: got {len(ch)} input levels but {len(strides)} strides")
@@ -64,7 +64,8 @@ class Detect(nn.Module):
         # Width rules: box branch >= 16 and >= 4*reg_max channels; class branch at least min(nc, 100) so
         # that many-class heads are not starved by a narrow P3.
         c2 = max(16, ch[0] // 4, reg_max * 4)
-        c3 = max(ch[0], min(nc, 100))
+        # c3 given: a head fine-tuned from a checkpoint keeps that checkpoint's class-branch width
+        c3 = c3 or max(ch[0], min(nc, 100))
         self.cv2 = nn.ModuleList(
             nn.Sequential(Conv(x, c2, 3), Conv(c2, c2, 3), nn.Conv2d(c2, 4 * reg_max, 1)) for x in ch)
         self.cv3 = nn.ModuleList(class_branch(x, c3, nc, legacy) for x in ch)
@@ -93,6 +94,16 @@ class Detect(nn.Module):
                 box[-1].bias.fill_(2.0)
                 cls[-1].bias.fill_(math.log(5 / self.nc / (640 / s) ** 2))
 
+    def rebuild_class_branches(self, c3: int) -> None:
+        """New class branches of width ``c3`` (both sets when end2end), freshly initialised: fine-tuning
+        from a checkpoint whose class branch is ``c3`` wide keeps that width (Ultralytics 8.4)."""
+        ref = self.cv2[0][2].weight
+        ch = [branch[0].conv.in_channels for branch in self.cv2]
+        self.cv3 = nn.ModuleList(class_branch(x, c3, self.nc, self.legacy) for x in ch).to(ref.device)
+        if self.end2end:
+            self.one2one_cv3 = copy.deepcopy(self.cv3)
+        self.bias_init()
+
     def forward_feats(self, xs):
         """nl neck maps -> nl raw one-to-many maps (B, 4*reg_max + nc, H_i, W_i), box channels first."""
         return [torch.cat((self.cv2[i](xs[i]), self.cv3[i](xs[i])), 1) for i in range(self.nl)]
@@ -119,15 +130,15 @@ class Detect(nn.Module):
             return self.topk(self.decode(self.forward_feats_one2one(xs), xywh=False).transpose(1, 2))
         return self.decode(self.forward_feats(xs))
 
-    def topk(self, y):
+    def topk(self, y, max_det: int | None = None, agnostic: bool | None = None):
         """(B, A, 4+nc) xyxy boxes + scores -> (B, k, 6) rows x1, y1, x2, y2, score, class (float), by
         descending score, k = min(max_det, A); no threshold. Class-aware: the top-k anchors by best class,
         then the top-k (anchor, class) pairs among them (an anchor may appear with two classes);
         ``agnostic``: each anchor's best class only."""
         b, a, _ = y.shape
-        k = min(self.max_det, a)
+        k = min(self.max_det if max_det is None else max_det, a)
         boxes, scores = y.split((4, self.nc), dim=-1)
-        if self.agnostic:
+        if self.agnostic if agnostic is None else agnostic:
             conf, cls = scores.max(-1)
             conf, idx = conf.topk(k, dim=1)
             cls = cls.gather(1, idx)

@@ -2,7 +2,9 @@
 
 Config structure (the Ultralytics yaml layout): ``nc``, ``scales`` {letter: [depth, width, max_channels]},
 optional ``scale`` (a key of ``scales``) or explicit ``depth_multiple``/``width_multiple``/``max_channels``,
-optional ``reg_max`` (16; YOLO26: 1), ``end2end`` (YOLO26: one-to-one head branches) and ``ch`` (3), then
+optional ``reg_max`` (16; YOLO26: 1), ``end2end`` (YOLO26: one-to-one head branches), ``head_cls_width``
+(the class branch's width when it is not the rule's, as in a head fine-tuned from 80 classes) and ``ch``
+(3), then
 ``backbone`` and ``head``: lists of ``[from, repeats, module, args]`` rows; ``from`` is -1 (previous
 layer), a layer index or a list of them.
 Channel args are scaled as ``ceil(min(c, max_channels) * width / 8) * 8``, repeats > 1 as
@@ -152,13 +154,49 @@ class DetectionModel(nn.Module):
     def forward(self, x):
         return self.head(self._neck(x))
 
-    def forward_feats(self, x):
-        """Raw head maps (list of nl (B, 4*reg_max + nc, H/s, W/s)) in train and eval mode alike."""
-        return self.head.forward_feats(self._neck(x))
+    def forward_feats(self, x, one2one: bool = False):
+        """Raw head maps (list of nl (B, 4*reg_max + nc, H/s, W/s)) in train and eval mode alike: the
+        one-to-many branch, or with ``one2one`` the one-to-one branch of an end2end model."""
+        xs = self._neck(x)
+        return self.head.forward_feats_one2one(xs) if one2one else self.head.forward_feats(xs)
+
+    def forward_heads(self, x):
+        """(one-to-many maps, one-to-one maps) of an end2end model from one pass through the network."""
+        xs = self._neck(x)
+        return self.head.forward_feats(xs), self.head.forward_feats_one2one(xs)
+
+    def decode_one2one(self, feats, max_det: int = 300, agnostic: bool = False):
+        """One-to-one raw maps -> (B, min(max_det, A), 6) rows x1, y1, x2, y2, score, class by descending
+        score, unthresholded: what ``nms=False`` uses instead of NMS (see ``Detect.topk``)."""
+        y = self.head.decode([f.float() for f in feats], xywh=False)
+        return self.head.topk(y.transpose(1, 2), max_det, agnostic)
 
     def decode(self, feats):
         """Raw maps -> (B, 4 + nc, A): xywh pixels + sigmoid scores (what eval-mode forward returns)."""
         return self.head.decode(feats)
+
+    def loss(self, batch: dict, preds=None):
+        """Ultralytics' ``model.loss``: (loss vector (3,) x batch size, differentiable; items (3,) detached).
+
+        batch: Ultralytics' dict (``img``, ``batch_idx``, ``cls``, ``bboxes`` normalised xywh). preds: the
+        train-mode head output; None runs the model on ``batch["img"]`` (in eval mode: the raw maps of
+        every branch). The criterion (``yolofast.loss.criterion_for``: YOLO26's end-to-end one, else v8's)
+        is made on first use as ``self.criterion``; a YOLO26 run drives its epoch with
+        ``self.criterion.set_epoch(epoch, epochs)``.
+        """
+        from yolofast.loss import criterion_for  # lazy: the criterion is built on the first loss call
+
+        if getattr(self, "criterion", None) is None:
+            self.criterion = criterion_for(self)
+        if preds is None:
+            if self.training:
+                preds = self.forward(batch["img"])
+            else:
+                xs = self._neck(batch["img"])
+                preds = self.head.forward_feats(xs)
+                if self.end2end:
+                    preds = {"one2many": preds, "one2one": self.head.forward_feats_one2one(xs)}
+        return self.criterion.vector(preds, batch)
 
     def fuse(self) -> DetectionModel:
         """Fold every BatchNorm into its conv (for inference; the BN layers become Identity)."""
@@ -200,7 +238,9 @@ def _gflops(model: DetectionModel, imgsz: int) -> float:
     was_training = model.training
     try:
         model.eval()  # eval: BN running stats must not move
-        model.forward_feats(torch.zeros(1, model.yaml.get("ch", 3), s, s, device=p.device, dtype=p.dtype))
+        x = torch.zeros(1, model.yaml.get("ch", 3), s, s, device=p.device, dtype=p.dtype)
+        # an end2end model counts both head branch sets, as an unfused one runs both (Ultralytics too)
+        model.forward_heads(x) if model.end2end else model.forward_feats(x)
     finally:
         model.train(was_training)
         for h in handles:
@@ -258,7 +298,8 @@ def _parse(cfg: dict, ch: int, nc: int):
         elif m is Detect:
             if i != len(rows) - 1:
                 raise ValueError(f"model config layer {i}: Detect must be the last layer")
-            args = [args[0] if args else nc, c_in, s_in, reg_max, bool(cfg.get("end2end", False)), legacy]
+            args = [args[0] if args else nc, c_in, s_in, reg_max, bool(cfg.get("end2end", False)), legacy,
+                    cfg.get("head_cls_width")]
             c2 = None
         else:  # pragma: no cover - every _MODULES entry is handled above
             raise AssertionError(name)

@@ -1,4 +1,4 @@
-"""Which implementation of each hot op runs: ``select_backend(op, device)``.
+"""Which implementation of each hot op runs: ``select_backend(op, device)``, ``implementation(op, name)``.
 
 Order of preference per device type (the first available wins under ``auto``):
   cuda: cuda, triton, ref      cpu: cpp, ref
@@ -7,13 +7,17 @@ Order of preference per device type (the first available wins under ``auto``):
 in code and wins over the environment. A forced backend that is not available is an error that says
 why; ``auto`` falls back silently and ``yolofast info`` reports the choice and the reason.
 
+An op's variants (``tal_assign.maps``, ``bbox_loss.maps``, ``ema_update.multi``, ``head_decode.boxes``) run
+on their op's backend: ``implementation`` returns the backend's own form where it has one (``_library``'s
+compiled callables) and otherwise the form composed of torch ops and the base op (``_composed.py``).
 The public wrappers (``yolofast/ops/<op>.py``) dispatch with
-``implementation(op, backend_name(op, device_type))(*args)``.
+``implementation(op_or_variant, backend_name(op, device_type))(*args)``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import os
 import threading
@@ -21,9 +25,37 @@ from collections.abc import Callable
 
 import torch
 
-OPS = ("tal_assign", "bbox_loss", "ema_update", "ns_orthogonalize")
+OPS = ("tal_assign", "bbox_loss", "ema_update", "head_decode", "ns_orthogonalize")
+VARIANTS = {  # variant -> its op
+    "tal_assign.maps": "tal_assign",
+    "bbox_loss.maps": "bbox_loss",
+    "ema_update.multi": "ema_update",
+    "head_decode.boxes": "head_decode",
+}
 BACKENDS = ("ref", "cpp", "cuda", "triton")
 _PREFERENCE = {"cuda": ("cuda", "triton", "ref"), "cpu": ("cpp", "ref")}
+# (op or variant, backend) -> its callable in _library, where the compiled extension has that form. On the
+# CPU bbox_loss keeps the box/DFL gradients of the foreground anchors only (bbox_loss.rows).
+_COMPILED = {
+    ("tal_assign", "cpp"): "tal_assign",
+    ("tal_assign", "cuda"): "tal_assign",
+    ("tal_assign.maps", "cpp"): "tal_assign_maps",
+    ("bbox_loss", "cpp"): "bbox_loss_rows",
+    ("bbox_loss", "cuda"): "bbox_loss",
+    ("bbox_loss.maps", "cpp"): "bbox_loss_maps",
+    ("ema_update", "cpp"): "ema_update",
+    ("ema_update", "cuda"): "ema_update",
+    ("ema_update.multi", "cpp"): "ema_update_multi",
+    ("head_decode", "cpp"): "head_decode",
+    ("head_decode.boxes", "cpp"): "head_decode_boxes",
+    ("ns_orthogonalize", "cpp"): "ns_orthogonalize",
+}
+# Compiled forms that read the head's maps with DFL bins: reg_max >= 2 only; a reg_max 1 head (YOLO26: raw
+# distances) gets the composed form on the same backend.
+_DFL_ONLY = frozenset({"tal_assign.maps", "bbox_loss.maps", "head_decode", "head_decode.boxes"})
+# Ops with a reference in reference.py (<op>_ref) and a Triton kernel (yolofast.kernels.<op>); head_decode
+# has neither: off the CPU kernel it is torch ops (_composed.head_decode) on every backend.
+_REFERENCE_OPS = ("tal_assign", "bbox_loss", "ema_update", "ns_orthogonalize")
 
 _local = threading.local()
 
@@ -65,12 +97,16 @@ def requested_backend(op: str) -> tuple[str, str]:
 
 def availability(op: str, name: str, device_type: str) -> tuple[bool, str]:
     """Whether backend ``name`` can run ``op`` on ``device_type``, with the reason."""
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}")
     if name == "ref":
         return True, "pure-PyTorch reference"
+    ok, why = _device_fits(name, device_type)
+    if not ok:
+        return False, why
+    if op not in _REFERENCE_OPS and (op, name) not in _COMPILED:
+        return True, f"torch ops (yolofast has no {name} kernel of {op})"
     if name in ("cpp", "cuda"):
-        want = "cpu" if name == "cpp" else "cuda"
-        if device_type != want:
-            return False, f"the {name} kernels run on {want} tensors, got {device_type}"
         from yolofast.ops import _build
 
         ok, why = _build.extension_status(name)
@@ -81,15 +117,22 @@ def availability(op: str, name: str, device_type: str) -> tuple[bool, str]:
             detail = _build.missing_kernel_reason(op)
             return False, f"the {name} extension has no {op} kernel" + (f": {detail}" if detail else "")
         return True, f"{name} extension loaded"
+    try:
+        from yolofast.kernels import triton_status
+    except ImportError as e:
+        return False, f"Triton kernels unavailable: {e}"
+    return triton_status(op)
+
+
+def _device_fits(name: str, device_type: str) -> tuple[bool, str]:
     if name == "triton":
         if device_type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             return False, "Triton kernels need a CUDA device (or TRITON_INTERPRET=1 for testing)"
-        try:
-            from yolofast.kernels import triton_status
-        except ImportError as e:
-            return False, f"Triton kernels unavailable: {e}"
-        return triton_status(op)
-    raise ValueError(f"unknown backend {name!r}")
+        return True, ""
+    want = "cpu" if name == "cpp" else "cuda"
+    if device_type != want:
+        return False, f"the {name} kernels run on {want} tensors, got {device_type}"
+    return True, ""
 
 
 def select_backend(op: str, device: torch.device | str) -> str:
@@ -115,24 +158,40 @@ def backend_name(op: str, device_type: str) -> str:
     availability check takes a lock that dynamo cannot trace); in eager mode it runs on every call.
     """
     name = select_backend(op, device_type)
-    implementation(op, name)  # imports its module here, outside the code that dynamo traces
+    for form in (op, *(v for v, base in VARIANTS.items() if base == op)):
+        implementation(form, name)  # imports its module here, outside the code that dynamo traces
     return name
 
 
-def implementation(op: str, name: str) -> Callable:
-    """The function that runs ``op`` on backend ``name`` (as returned by ``backend_name``), with the
-    signature of ``reference.<op>_ref``: ``reference.<op>_ref`` (ref), ``_library.<op>`` (cpp, cuda) or
-    ``yolofast.kernels.<op>.<op>`` (triton)."""
-    if op not in OPS or name not in BACKENDS:
-        raise ValueError(f"implementation: no op {op!r} on backend {name!r}; ops {OPS}, backends {BACKENDS}")
+def implementation(op: str, name: str, reg_max: int | None = None) -> Callable:
+    """The function that runs ``op`` (an op or a variant) on backend ``name`` (as ``backend_name`` of the
+    op returns it), with the signature of ``reference.<op>_ref`` (ops) or of the public variant's
+    wrapper: ``_library``'s compiled callable (cpp, cuda), ``reference.<op>_ref`` (ref),
+    ``yolofast.kernels.<op>.<op>`` (triton), or else ``_composed``'s form over the op on that backend.
+    ``reg_max``: the head's bins per side, for the forms that read the maps (the compiled ones take >= 2)."""
+    base = VARIANTS.get(op, op)
+    if base not in OPS or name not in BACKENDS:
+        raise ValueError(f"implementation: no op {op!r} on backend {name!r}; ops {OPS} and their variants "
+                         f"{tuple(VARIANTS)}, backends {BACKENDS}")
+    compiled = _COMPILED.get((op, name))
+    if compiled is not None and op in _DFL_ONLY and reg_max is not None and int(reg_max) < 2:
+        compiled = None
+    if compiled is not None:
+        from yolofast.ops import _library
+
+        return getattr(_library, compiled)
+    from yolofast.ops import _composed
+
+    if base not in _REFERENCE_OPS:
+        return getattr(_composed, op.replace(".", "_"))
+    if op != base:
+        fn = getattr(_composed, op.replace(".", "_"))
+        first = implementation(base, name)
+        return functools.partial(fn, first, name) if base == "ema_update" else functools.partial(fn, first)
     if name == "ref":
         from yolofast.ops import reference
 
         return getattr(reference, f"{op}_ref")
-    if name in ("cpp", "cuda"):
-        from yolofast.ops import _library
-
-        return getattr(_library, op)
     # Each Triton module imports triton, so only the chosen op's is imported. Dynamo cannot trace
     # importlib.import_module: under torch.compile backend_name (run outside the traced code) has imported
     # it, and the package attribute is read live.

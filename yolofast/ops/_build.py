@@ -616,7 +616,7 @@ def _cuda_wanted() -> tuple[bool, str]:
 
 def _load_cuda(report: BuildReport) -> None:
     """Loads a built CUDA extension (registers its kernels for the CUDA dispatch key) and records it."""
-    from yolofast.ops import _library  # noqa: F401 - the schemas must exist before kernels register
+    from yolofast.ops import _schemas  # noqa: F401 - the schemas must exist before kernels register
 
     if report.ok and not _state.get("cuda_loaded"):
         try:
@@ -636,7 +636,7 @@ def _load_cuda(report: BuildReport) -> None:
 # ------------------------------------------------------------------------------------------------- loading
 def _load(report: BuildReport) -> None:
     global LOADED
-    from yolofast.ops import _library  # noqa: F401 - the schemas must exist before kernels register
+    from yolofast.ops import _schemas  # noqa: F401 - the schemas must exist before kernels register
 
     if report.ok:
         try:

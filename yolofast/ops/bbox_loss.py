@@ -2,7 +2,7 @@
 
 ``bbox_loss`` takes (B, A, .) tensors; ``bbox_loss_maps`` takes the Detect head's per-level maps as they
 are: the C++ kernel reads them in place and returns gradients in their layout, the other backends get the
-(B, A, .) tensors built here by one cat per map (``maps_to_rows``).
+(B, A, .) tensors built by one cat per map (``maps_to_rows``, in _composed.py).
 """
 
 from __future__ import annotations
@@ -10,6 +10,9 @@ from __future__ import annotations
 import torch
 
 from yolofast.ops._backend import backend_name, implementation
+from yolofast.ops._composed import dense_target_scores, maps_to_rows
+
+__all__ = ["bbox_loss", "bbox_loss_maps", "dense_target_scores", "maps_to_rows"]
 
 # Backends whose bbox_loss kernels implement reg_max 1 (YOLO26: raw distances, the L1 term instead of DFL,
 # YOLO11_YOLO26.md §4.2). The C++/CUDA/Triton kernels are DFL-only today, so a reg_max 1 call runs the
@@ -47,31 +50,6 @@ def bbox_loss(
     return impl(pred_dist, pred_scores, anchor_points, target_bboxes, target_scores, fg_mask, **extra)
 
 
-def maps_to_rows(feats, reg_max: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
-    """(pred_dist (B, A, 4*reg_max), pred_scores (B, A, nc)) from (B, 4*reg_max + nc, H_i, W_i) maps.
-
-    The transposed views are cat straight into the two tensors: one copy each (a cat to (B, no, A) then two
-    permute().contiguous() was ~40 ms at b8/640 on one thread, this ~15 ms).
-    """
-    nc = feats[0].shape[1] - 4 * reg_max
-    dist_parts, score_parts = [], []
-    for f in feats:
-        d, s = f.flatten(2).split((4 * reg_max, nc), 1)
-        dist_parts.append(d.transpose(1, 2))
-        score_parts.append(s.transpose(1, 2))
-    return torch.cat(dist_parts, 1), torch.cat(score_parts, 1)
-
-
-def dense_target_scores(scores: torch.Tensor, labels: torch.Tensor, nc: int) -> torch.Tensor:
-    """(B, A, nc) target scores from per-anchor ones: row (b, a) is zero but for scores[b, a] at class
-    labels[b, a] clamped to [0, nc - 1] (the class the assigner scored)."""
-    if labels is None:
-        raise ValueError("bbox_loss_maps: (B, A) target_scores hold one class per anchor: pass target_labels "
-                         "(tal_assign's first output)")
-    cls = labels.long().clamp(0, nc - 1).unsqueeze(-1)
-    return scores.new_zeros((*scores.shape, nc)).scatter_(-1, cls, scores.unsqueeze(-1))
-
-
 def bbox_loss_maps(
     feats,
     anchor_points: torch.Tensor,
@@ -97,19 +75,10 @@ def bbox_loss_maps(
     says.
     """
     name = reg_max_backend(backend_name("bbox_loss", feats[0].device.type), reg_max)
-    extra = {}
-    if int(reg_max) == 1:
-        extra = _l1_geometry(feats, strides)
-    if name == "cpp":
-        from yolofast.ops import _library
-
-        return _library.bbox_loss_maps(feats, anchor_points, target_bboxes, target_scores, fg_mask, reg_max,
-                                       target_labels, weights)
-    if target_scores.dim() == 2:
-        target_scores = dense_target_scores(target_scores, target_labels, feats[0].shape[1] - 4 * reg_max)
-    pred_dist, pred_scores = maps_to_rows(feats, reg_max)
-    impl = implementation("bbox_loss", name)
-    return impl(pred_dist, pred_scores, anchor_points, target_bboxes, target_scores, fg_mask, **extra)
+    extra = _l1_geometry(feats, strides) if int(reg_max) == 1 else {}
+    impl = implementation("bbox_loss.maps", name, reg_max)
+    return impl(feats, anchor_points, target_bboxes, target_scores, fg_mask, reg_max, target_labels, weights,
+                **extra)
 
 
 def _l1_geometry(feats, strides) -> dict:

@@ -22,25 +22,8 @@ def ema_update(ema, model, decay) -> None:
         raise ValueError(f"ema_update: {len(ema)} ema tensors but {len(model)} model tensors")
     if not ema:
         return None
-    name = backend_name("ema_update", ema[0].device.type)
-    if name == "cpp":
-        from yolofast.ops import _library
-
-        return _library.ema_update_multi(ema, model, decay)
-    # Other backends take one pair at a time: the reference any layout, the CUDA/Triton kernels flat buffers
-    # (ModelEMA keeps flat buffers on those devices and never passes lists there).
-    fn = implementation("ema_update", name)
-    for e, m in zip(ema, model):
-        if not e.is_floating_point():
-            e.copy_(m)
-        elif name == "ref":
-            fn(e, m, decay)
-        else:
-            if not e.is_contiguous():
-                raise ValueError(f"ema_update: the {name} backend takes contiguous tensors; got strides "
-                                 f"{e.stride()} (pass flat buffers, as ModelEMA does on {e.device.type})")
-            fn(e.view(-1), m.reshape(-1), decay)
-    return None
+    impl = implementation("ema_update.multi", backend_name("ema_update", ema[0].device.type))
+    return impl(ema, model, decay)
 
 
 __all__ = ["ema_update"]

@@ -80,22 +80,9 @@ def tal_assign_maps(
     ``bbox_loss_maps(..., target_labels=...)`` takes it as it is (the C++ backend never writes the zeros).
     """
     name = topk2_backend(backend_name("tal_assign", feats[0].device.type), topk, topk2)
-    # The C++ maps kernel takes reg_max >= 2 (DFL heads); a reg_max 1 head (YOLO26) is assigned by the
-    # same backend's (B, A, C) form below, after one cat of the class logits.
-    if name == "cpp" and int(reg_max) >= 2:
-        from yolofast.ops import _library
-
-        return _library.tal_assign_maps(feats, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk,
-                                        alpha, beta, eps, reg_max, dense_scores)
-    from yolofast.ops.bbox_loss import maps_to_rows
-
-    with torch.no_grad():
-        pd_scores = maps_to_rows([f.detach() for f in feats], reg_max)[1].sigmoid()
     extra = {"topk2": int(topk2)} if _second_topk_on(topk, topk2) else {}
-    out = implementation("tal_assign", name)(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt,
-                                             topk, alpha, beta, eps, **extra)
-    if dense_scores:
-        return out
-    labels, boxes, scores, fg, gt_idx = out
-    # One non-zero per row: the row's sum is that score exactly.
-    return labels, boxes, scores.sum(-1), fg, gt_idx
+    # The C++ maps kernel takes reg_max >= 2 (DFL heads); for a reg_max 1 head (YOLO26) implementation()
+    # hands out the same backend's (B, A, C) form after one cat of the class logits.
+    impl = implementation("tal_assign.maps", name, reg_max)
+    return impl(feats, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, alpha, beta, eps, reg_max,
+                dense_scores, **extra)

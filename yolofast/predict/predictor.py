@@ -1,5 +1,8 @@
 """``Predictor``: source -> letterbox -> model -> NMS -> boxes in original pixels -> ``Results``.
 
+With ``nms=False`` a YOLO26 model's one-to-one head answers instead: its top-k rows, thresholded by ``conf``
+(and ``classes``), no NMS (Ultralytics' ``nms=False``). The default (None) is NMS on the one-to-many head.
+
 Consecutive images of the same size run as one batch (up to ``batch``), each letterboxed to the minimal
 stride-multiple rectangle as Ultralytics does for one image, so a result never depends on the batch size.
 """
@@ -19,7 +22,7 @@ from tqdm import tqdm
 from yolofast.predict.letterbox import letterbox, letterbox_shape, scale_boxes
 from yolofast.predict.results import Results
 from yolofast.predict.sources import Frame, count_items, iter_frames
-from yolofast.val.nms import non_max_suppression
+from yolofast.val.nms import non_max_suppression, topk_filter
 
 LOGGER = logging.getLogger("yolofast")
 
@@ -32,8 +35,10 @@ class Predictor:
                  save: bool = False, save_txt: bool = False, save_conf: bool = False,
                  project: str | Path = "runs/detect", name: str | None = "predict", exist_ok: bool = False,
                  verbose: bool = True, line_width: int | None = None, show_labels: bool = True,
-                 show_conf: bool = True):
+                 show_conf: bool = True, nms: bool | None = None):
         self.model = model.eval()
+        # nms=False on an end2end (YOLO26) model: its one-to-one head's top-k, no NMS; else NMS
+        self.nms_free = nms is False and bool(getattr(model, "end2end", False))
         p = next(model.parameters())
         self.device = torch.device(device) if device not in (None, "") else p.device
         if isinstance(device, (int, str)) and str(device).isdigit():
@@ -98,11 +103,18 @@ class Predictor:
         x, origs, maps = self._preprocess(group)
         t1 = time.perf_counter()
         with self._autocast():
-            feats = self.model.forward_feats(x)
-        pred = self.model.decode([f.float() for f in feats])
+            feats = self.model.forward_feats(x, one2one=True) if self.nms_free else \
+                self.model.forward_feats(x)
+        if self.nms_free:  # the head keeps >= 300 candidates so that a classes= filter still finds some
+            pred = self.model.decode_one2one(feats, max(self.max_det, 300), self.agnostic)
+        else:
+            pred = self.model.decode([f.float() for f in feats])
         t2 = time.perf_counter()
-        dets = non_max_suppression(pred, self.conf, self.iou, self.max_det, classes=self.classes,
-                                   agnostic=self.agnostic)
+        if self.nms_free:
+            dets = topk_filter(pred, self.conf, self.max_det, classes=self.classes)
+        else:
+            dets = non_max_suppression(pred, self.conf, self.iou, self.max_det, classes=self.classes,
+                                       agnostic=self.agnostic)
         out = []
         for det, orig, (r, pad), f in zip(dets, origs, maps, group):
             det = det.float().clone()

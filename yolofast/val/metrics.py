@@ -67,14 +67,20 @@ def match_predictions(pred_boxes, pred_conf, pred_cls, gt_boxes, gt_cls, iouv=IO
     class ids. Accepts numpy arrays or torch tensors. Row order = the input order. convention: "coco"
     (greedy by confidence, as pycocotools) or "ultralytics" (greedy by IoU, see the module docstring).
     """
+    return match_indices(pred_boxes, pred_conf, pred_cls, gt_boxes, gt_cls, iouv, convention) >= 0
+
+
+def match_indices(pred_boxes, pred_conf, pred_cls, gt_boxes, gt_cls, iouv=IOU_THRESHOLDS,
+                  convention: str = "coco") -> np.ndarray:
+    """``match_predictions``' matching, as the index (n, T) of the GT each detection took, -1 for none."""
     if check_convention(convention) == "ultralytics":
         return _match_by_iou(pred_boxes, pred_cls, gt_boxes, gt_cls, iouv)
     iouv = _numpy(iouv).ravel()
     pred_cls, gt_cls = _numpy(pred_cls, np.int64).ravel(), _numpy(gt_cls, np.int64).ravel()
     n, m, t = len(pred_cls), len(gt_cls), len(iouv)
-    tp = np.zeros((n, t), dtype=bool)
+    gt_of = np.full((n, t), -1, dtype=np.int64)
     if n == 0 or m == 0:
-        return tp
+        return gt_of
     iou = box_iou_np(pred_boxes, gt_boxes)
     iou[pred_cls[:, None] != gt_cls[None, :]] = -1.0  # other classes never match
     order = np.argsort(-_numpy(pred_conf).ravel(), kind="stable")  # stable like COCOeval's mergesort
@@ -87,17 +93,17 @@ def match_predictions(pred_boxes, pred_conf, pred_cls, gt_boxes, gt_cls, iouv=IO
         ok = (iou[d][None, :] >= iouv[:, None]) & ~matched  # (T, m) GTs this detection may take
         g = np.where(ok, iou[d][None, :], -1.0).argmax(1)  # best unmatched GT per threshold
         hit = ok[rows, g]
-        tp[d, hit] = True
+        gt_of[d, hit] = g[hit]
         matched[rows[hit], g[hit]] = True
-    return tp
+    return gt_of
 
 
 def _match_by_iou(pred_boxes, pred_cls, gt_boxes, gt_cls, iouv) -> np.ndarray:
     iouv = _numpy(iouv).ravel()
     pred_cls, gt_cls = _numpy(pred_cls, np.int64).ravel(), _numpy(gt_cls, np.int64).ravel()
-    tp = np.zeros((len(pred_cls), len(iouv)), dtype=bool)
+    gt_of = np.full((len(pred_cls), len(iouv)), -1, dtype=np.int64)
     if len(pred_cls) == 0 or len(gt_cls) == 0:
-        return tp
+        return gt_of
     iou = box_iou_np(pred_boxes, gt_boxes)
     iou[pred_cls[:, None] != gt_cls[None, :]] = 0.0
     for j, t in enumerate(iouv):
@@ -109,8 +115,8 @@ def _match_by_iou(pred_boxes, pred_cls, gt_boxes, gt_cls, iouv) -> np.ndarray:
         first = np.unique(d, return_index=True)[1]  # np.unique's index is each value's first occurrence
         d, g = d[first], g[first]  # now in detection order (= decreasing conf), not IoU order
         first = np.unique(g, return_index=True)[1]
-        tp[d[first], j] = True
-    return tp
+        gt_of[d[first], j] = g[first]
+    return gt_of
 
 
 def _smooth(y: np.ndarray, fraction: float = 0.1) -> np.ndarray:
@@ -145,6 +151,33 @@ def ultralytics_ap(recall: np.ndarray, precision: np.ndarray) -> np.ndarray:
     return ap
 
 
+def pr_samples(recall: np.ndarray, precision: np.ndarray, convention: str = "coco") -> np.ndarray:
+    """(101,) the precision the AP of ``convention`` integrates, sampled at ``REC_THRESHOLDS``, from one
+    column of cumulative recall/precision (n,) of conf-sorted detections: what the PR curve plots.
+    "coco": the envelope at the first detection reaching each recall point, 0 past the last one (its AP is
+    the mean of the samples); "ultralytics": the extended envelope interpolated there (its AP is their
+    trapezoid integral). ``pr_area`` turns the samples back into that AP."""
+    recall, precision = np.asarray(recall, np.float64).ravel(), np.asarray(precision, np.float64).ravel()
+    if check_convention(convention) == "ultralytics":
+        mrec = np.concatenate(([0.0], recall, [1.0]))
+        mpre = np.maximum.accumulate(np.concatenate(([1.0], precision, [0.0]))[::-1])[::-1]
+        return np.interp(REC_THRESHOLDS, mrec, mpre)
+    envelope = np.maximum.accumulate(precision[::-1])[::-1]
+    idx = np.searchsorted(recall, REC_THRESHOLDS, side="left")
+    valid = idx < len(recall)
+    out = np.zeros(len(REC_THRESHOLDS))
+    out[valid] = envelope[idx[valid]]
+    return out
+
+
+def pr_area(samples: np.ndarray, convention: str = "coco") -> np.ndarray:
+    """AP from ``pr_samples`` (..., 101), integrated as ``convention`` integrates it."""
+    samples = np.asarray(samples, np.float64)
+    if check_convention(convention) == "ultralytics":
+        return _trapezoid(samples, REC_THRESHOLDS, axis=-1)
+    return samples.sum(-1) / len(REC_THRESHOLDS)
+
+
 @dataclass
 class APResult:
     """Per-class arrays (one entry per class present in the GT, in ``classes`` order) and their means."""
@@ -157,6 +190,19 @@ class APResult:
     all_ap: np.ndarray  # (k, T) AP at each IoU threshold
     conf_thr: float = 0.0  # the confidence where P, R, F1 are read
     iouv: np.ndarray = field(default_factory=lambda: IOU_THRESHOLDS.copy())
+    # The curves behind the pictures (yolofast/val/plots.py), all at IoU 0.5; None when not computed.
+    px: np.ndarray | None = None  # (1000,) confidence grid
+    p_curve: np.ndarray | None = None  # (k, 1000) precision per class over px
+    r_curve: np.ndarray | None = None  # (k, 1000) recall
+    f1_curve: np.ndarray | None = None  # (k, 1000)
+    pr_curve: np.ndarray | None = None  # (k, 101) precision at REC_THRESHOLDS (``pr_samples``)
+    convention: str = "coco"
+
+    def f1_mean(self) -> np.ndarray:
+        """(1000,) the smoothed mean F1 over classes whose peak gives ``conf_thr``."""
+        if self.f1_curve is None or not len(self.f1_curve):
+            return np.zeros(0)
+        return _smooth(self.f1_curve.mean(0))
 
     @property
     def ap50(self) -> np.ndarray:
@@ -225,6 +271,7 @@ def ap_per_class(tp, conf, pred_cls, target_cls, eps: float = 1e-16, convention:
     k, t = len(classes), tp.shape[1]
     px = np.linspace(0, 1, 1000)  # confidence grid of the P/R/F1 curves
     all_ap, p_curve, r_curve = np.zeros((k, t)), np.zeros((k, len(px))), np.zeros((k, len(px)))
+    pr_curve = np.zeros((k, len(REC_THRESHOLDS)))
     for ci, c in enumerate(classes):
         sel = pred_cls == c
         if not sel.any():
@@ -238,6 +285,7 @@ def ap_per_class(tp, conf, pred_cls, target_cls, eps: float = 1e-16, convention:
         # needs. Above the highest conf nothing is detected: recall 0, precision 1.
         r_curve[ci] = np.interp(-px, -conf[sel], recall[:, 0], left=0)
         p_curve[ci] = np.interp(-px, -conf[sel], precision[:, 0], left=1)
+        pr_curve[ci] = pr_samples(recall[:, 0], precision[:, 0], convention)
 
     f1_curve = 2 * p_curve * r_curve / (p_curve + r_curve + eps)
     i = int(_smooth(f1_curve.mean(0)).argmax()) if k else 0
@@ -249,4 +297,10 @@ def ap_per_class(tp, conf, pred_cls, target_cls, eps: float = 1e-16, convention:
         f1=f1_curve[:, i],
         all_ap=all_ap,
         conf_thr=float(px[i]),
+        px=px,
+        p_curve=p_curve,
+        r_curve=r_curve,
+        f1_curve=f1_curve,
+        pr_curve=pr_curve,
+        convention=convention,
     )

@@ -1,4 +1,4 @@
-"""Class-aware non-maximum suppression of decoded YOLO predictions."""
+"""Class-aware non-maximum suppression of decoded YOLO predictions, and the NMS-free path's filter."""
 
 from __future__ import annotations
 
@@ -63,4 +63,17 @@ def non_max_suppression(
         shifted = det[:, :4].float() + det[:, 5:6].float() * (0 if agnostic else max_wh)
         keep = torchvision.ops.nms(shifted, det[:, 4].float(), iou)[:max_det]  # sorted by decreasing score
         out.append(det[keep])
+    return out
+
+
+def topk_filter(dets, conf: float = 0.25, max_det: int = 300, classes=None):
+    """The NMS-free (``nms=False``) path after the head's top-k: (B, k, 6) sorted rows -> a list of B
+    (n, 6) tensors holding the rows with score > ``conf`` (strict), only ``classes`` when given, then the
+    first ``max_det`` (the same list ``non_max_suppression`` returns)."""
+    out = []
+    for d in dets:
+        keep = d[:, 4] > conf
+        if classes is not None:
+            keep &= (d[:, 5:6] == d.new_tensor(list(classes)).view(1, -1)).any(1)
+        out.append(d[keep][:max_det])
     return out

@@ -14,7 +14,7 @@ from tqdm import tqdm
 from yolofast.boxes import xywh2xyxy
 from yolofast.val.coco_json import CocoJson
 from yolofast.val.metrics import IOU_THRESHOLDS, APResult, ap_per_class, check_convention, match_predictions
-from yolofast.val.nms import non_max_suppression
+from yolofast.val.nms import non_max_suppression, topk_filter
 from yolofast.val.results import DetMetrics
 
 LOSS_KEYS = ("val/box_loss", "val/cls_loss", "val/dfl_loss")
@@ -57,6 +57,8 @@ class Validator:
     ``coco_json`` (COCO annotations of these images) pycocotools evaluates it, and its mAP50-95 / mAP50
     replace the metrics (as Ultralytics does), with all 12 COCO stats under ``coco/stats``.
     ``validator(model)`` returns the dict of common.md; the last result is also kept in ``self.result``.
+    plot_dir: a folder: write the pictures there (confusion matrices, PR/F1/P/R curves, val_batch images;
+    ``yolofast/val/plots.py``); their paths are kept in ``self.plot_files``. None (default): no pictures.
     """
 
     def __init__(
@@ -74,8 +76,12 @@ class Validator:
         map_convention: str = "coco",
         save_json=None,
         coco_json: str | None = None,
+        plot_dir=None,
+        nms: bool | None = None,
     ):
         self.dataloader = dataloader
+        self.plot_dir, self.plot_files = plot_dir, {}
+        self.nms = nms  # False: an end2end (YOLO26) model's one-to-one top-k instead of NMS
         self.save_json, self.coco_json = save_json, coco_json
         self.names = dict(enumerate(names)) if isinstance(names, (list, tuple)) else dict(names)
         self.conf = 0.001 if conf is None else conf  # None: Ultralytics' val default
@@ -122,6 +128,7 @@ class Validator:
         clock = time.perf_counter
         self.images_per_class: dict[int, int] = {}
         jdict = CocoJson(self.names, self.coco_json) if self.save_json else None
+        plots = self._plots_start()
         bar = tqdm(
             self.dataloader,
             desc=f"{'':>22}{'Images':>11}{'Instances':>11}{'P':>11}{'R':>11}{'mAP50':>11}{'mAP50-95':>11}",
@@ -136,16 +143,20 @@ class Validator:
             if border:
                 img = torch.nn.functional.pad(img, (border,) * 4, value=114 / 255)
             t1 = clock()
+            nms_free = self.nms is False and getattr(model, "end2end", False)
             with self._autocast():
-                feats = model.forward_feats(img)
+                feats, o2o = model.forward_heads(img) if nms_free else (model.forward_feats(img), None)
             feats = [f.float() for f in feats]  # loss and box decoding in fp32 (pixel coords up to 640+)
             t2 = clock()
             if self.loss is not None:
                 items = self.loss(feats, self._targets_to_device(batch))[1]
                 loss_sum += items.detach().float().to(self.device)
             t3 = clock()
-            dets = non_max_suppression(model.decode(feats), self.conf, self.iou, self.max_det,
-                                       multi_label=self.map_convention == "ultralytics")
+            if nms_free:
+                dets = topk_filter(model.decode_one2one(o2o, self.max_det), self.conf, self.max_det)
+            else:
+                dets = non_max_suppression(model.decode(feats), self.conf, self.iou, self.max_det,
+                                           multi_label=self.map_convention == "ultralytics")
             h, w = img.shape[2] - 2 * border, img.shape[3] - 2 * border
             for d, rp, ori in zip(dets, batch.get("ratio_pad") or [None] * len(dets), batch["ori_shape"]):
                 if self.map_convention == "ultralytics":  # clipped to the image, as Ultralytics clips
@@ -156,6 +167,8 @@ class Validator:
                 for d, f, ori, rp in zip(dets, batch["im_file"], batch["ori_shape"], batch["ratio_pad"]):
                     jdict.add(d, f, ori, rp)  # (ultralytics: the border is already taken off above)
             self._update_stats(stats, dets, batch, h, w)
+            if plots is not None:
+                plots.add_batch(n_batches - 1, batch, dets, h, w)
             for k, dt in zip(self.speed, (t1 - t0, t2 - t1, t3 - t2, clock() - t3)):
                 self.speed[k] += dt
         bar.close()
@@ -168,6 +181,8 @@ class Validator:
             cat["target_cls"] = []
         self.result = ap_per_class(cat["tp"], cat["conf"], cat["pred_cls"], cat["target_cls"],
                                    convention=self.map_convention)
+        if plots is not None:
+            self.plot_files = plots.finish(self.result)
         out = self.result.results_dict()
         if jdict is not None:
             out.update(self._coco_eval(jdict))
@@ -177,6 +192,15 @@ class Validator:
         if self.verbose:
             self.print_results()
         return out
+
+    def _plots_start(self):
+        """The picture collector of this run (``val/plots.py``), or None without ``plot_dir``."""
+        self.plot_files = {}
+        if self.plot_dir is None:
+            return None
+        from yolofast.val.plots import ValPlots
+
+        return ValPlots(self.plot_dir, self.names, conf=self.conf, convention=self.map_convention)
 
     def _coco_eval(self, jdict) -> dict:
         path = jdict.save(self.save_json)
@@ -294,6 +318,8 @@ def validate(
     save_json: bool | str = False,
     single_cls: bool = False,
     quantize=None,
+    plots: bool = False,
+    nms: bool | None = None,
 ) -> DetMetrics:
     """Validate a model or checkpoint on the ``val`` split of a data yaml (``yolofast val``).
 
@@ -303,6 +329,10 @@ def validate(
     save_json: True (``runs/detect/val*/predictions.json``) or a path: COCO results JSON, evaluated by
     pycocotools when the data yaml has ``coco_json``. single_cls: every label is class 0 (a one-class model).
     quantize: 16 / "fp16" runs under autocast (as ``half=True``), 32 / "fp32" in fp32.
+    plots: write the pictures (``yolofast/val/plots.py``) beside ``save_json``'s file, else into
+    ``runs/detect/val*`` (``yolofast val`` does by default).
+    nms: None (default) NMS on the one-to-many head; False: a YOLO26 model's one-to-one top-k, no NMS.
+    max_det: left at 300, it is raised to the largest number of labels in one image when that is larger.
     """
     from yolofast.cfg import quantize_half
 
@@ -316,16 +346,12 @@ def validate(
     label_nc = info["nc"]
     if single_cls:
         info = {**info, "nc": 1, "names": {0: "item"}}
-    model_nc = getattr(model, "nc", None)
-    if model_nc is not None and int(model_nc) != int(info["nc"]):
-        raise ValueError(
-            f"validate: the model predicts {model_nc} classes but data '{data}' has nc={info['nc']}; "
-            "validate with the data set the model was trained on"
-        )
+    _check_classes(model, info, data)
     stride = int(max(getattr(model, "stride", torch.tensor([32.0])).max().item(), 32))
     rect = rect or map_convention == "ultralytics"
     dataset = build_dataset(info["val"], imgsz=imgsz, augment=False, stride=stride, prefix="val: ",
                             nc=label_nc, single_cls=single_cls, rect=rect, batch_size=batch, pad=0.5)
+    max_det = raise_max_det(max_det, dataset.labels)
     if save_json is True:
         from yolofast.engine.trainer import increment_path
 
@@ -344,6 +370,41 @@ def validate(
         map_convention=map_convention,
         save_json=save_json or None,
         coco_json=info.get("coco_json"),
+        plot_dir=_plot_dir(save_json) if plots else None,
+        nms=nms,
     )
     values = validator(model)
+    if validator.plot_files and verbose:
+        print(f"Plots saved to {validator.plot_dir}")
     return DetMetrics(values, validator.result, int(info["nc"]), validator.speed)
+
+
+def _check_classes(model, info: dict, data) -> None:
+    model_nc = getattr(model, "nc", None)
+    if model_nc is not None and int(model_nc) != int(info["nc"]):
+        raise ValueError(
+            f"validate: the model predicts {model_nc} classes but data '{data}' has nc={info['nc']}; "
+            "validate with the data set the model was trained on"
+        )
+
+
+def _plot_dir(save_json) -> Path:
+    """validate(plots=True): beside the predictions JSON, or a new runs/detect/val* folder."""
+    if save_json:
+        return Path(save_json).parent
+    from yolofast.engine.trainer import increment_path
+
+    return increment_path(Path("runs/detect/val"))
+
+
+def raise_max_det(max_det: int, *label_lists) -> int:
+    """``max_det`` at its default 300 is raised to the largest label count of one image (a warning says
+    so), as Ultralytics 8.4 does, so that crowded images can reach full recall; other values are kept."""
+    most = max((len(lb["cls"]) for labels in label_lists for lb in labels), default=0)
+    if max_det == 300 and most > max_det:
+        import logging
+
+        logging.getLogger("yolofast").warning(f"max_det=300 but an image has {most} labels; using "
+                                              f"max_det={most}")
+        return most
+    return max_det

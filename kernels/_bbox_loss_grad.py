@@ -1,5 +1,5 @@
 """The autograd glue of the fused ``bbox_loss`` ops, shared by ``yolofast::bbox_loss`` (C++/CUDA,
-registered in ``_library.py``) and ``yolofast::bbox_loss_triton`` (``yolofast/kernels/bbox_loss.py``).
+registered in ``yolofast/ops/_schemas.py``) and ``yolofast::bbox_loss_triton`` (``bbox_loss.py`` here).
 
 Both ops return ``(losses (3,) [L_box, L_cls, L_dfl], grad_dist_box (B,A,4R), grad_dist_dfl (B,A,4R),
 grad_scores (B,A,C), inv_s ())``: the forward pass has already computed the gradients of S*L_box, S*L_dfl
@@ -63,7 +63,7 @@ def maps_setup_context(ctx, inputs, output) -> None:
     ctx.save_for_backward(inv_s, fg_rows, fg_index, *grad_cls)
     ctx.reg_max = int(reg_max)
     ctx.dtypes = [f.dtype for f in feats]
-    # Given weights, grad_cls holds the final gradients of weights . losses (see the op in _library.py).
+    # Given weights, grad_cls holds the final gradients of weights . losses (see yolofast/ops/_schemas.py).
     ctx.weights = inputs[8].detach() if len(inputs) > 8 and inputs[8] is not None else None
     ctx.handed_out = False
     ctx.mark_non_differentiable(*grad_cls, fg_rows, fg_index, inv_s)

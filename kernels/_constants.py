@@ -1,0 +1,18 @@
+"""Numbers the references and every kernel must share, defined once (this module imports nothing).
+
+``yolofast.ops.reference`` (the spec) and the Triton kernels read them from here; a kernel that used its
+own copy could drift from the spec by one edit. The C++/CUDA sources spell the same values
+(``csrc/cpu/bbox_loss_core.h``, ``csrc/cpu/tal_assign_kernel.cpp``, ``csrc/cuda/*.cu``): the tests of each
+kernel against the reference are what holds them to these.
+"""
+
+import math
+
+# CIoU's eps: added to each box's height, to the union and to the enclosing box's squared diagonal, and to 1
+# in alpha's denominator (reference.bbox_ciou).
+CIOU_EPS = 1e-7
+# CIoU's aspect-ratio term v = 4/pi^2 * (atan(w2/h2) - atan(w1/h1))^2.
+FOUR_OVER_PI2 = 4.0 / math.pi**2
+# Sides of a real GT shorter than this (px, the middle stride 16) are widened to it for the assigner's
+# candidate test only (DESIGN §2.1 step 1): a 4 px box otherwise may contain no anchor centre of any level.
+SMALL_GT_SIDE = 16.0
