@@ -29,6 +29,7 @@ _NEEDS = {
     "bbox_loss": ("bbox_loss",),
     "ema_update": ("ema_update",),
     "loss_step": ("tal_assign", "bbox_loss"),
+    "musgd_step": ("ns_orthogonalize",),
 }
 
 
@@ -315,4 +316,8 @@ def build_cases(preset, device: str = "cpu", seed: int = 0, backends=None, ops=N
         return [_ema_case(p, device, seed, backends)] if "ema_update" in ops else []
     if p.kind == "step":
         return [_step_case(p, device, seed)] if "train_step" in ops else []
+    if p.kind == "musgd":
+        from yolofast.bench.musgd import musgd_case
+
+        return [musgd_case(p, device, seed, _backend_variants)] if "musgd_step" in ops else []
     raise ValueError(f"preset {p.name}: unknown kind {p.kind!r}")

@@ -71,7 +71,8 @@ class Schedule:
         targets = [g["initial_lr"] * self.lf(epoch) for g in optimizer.param_groups]
         lrs, mom, self.accumulate = optim.warmup_values(
             ni, self.nw, lr_targets=targets, bias_lr0=self.warmup_bias_lr, momentum0=a.warmup_momentum,
-            momentum=self.momentum, nbs=a.nbs, batch=a.batch)
+            momentum=self.momentum, nbs=a.nbs, batch=a.batch,
+            tags=[g.get("param_group") for g in optimizer.param_groups])  # MuSGD's bias groups: pg4, pg5
         for g, lr in zip(optimizer.param_groups, lrs):
             optim.set_group_value(g, "lr", lr)
             if "momentum" in g:  # SGD/RMSProp only; Adam's beta1 stays `momentum`
