@@ -25,18 +25,27 @@ from yolofast.engine.distributed import is_main_process
 from yolofast.engine.gradnorm import GRAD_COLUMNS
 from yolofast.engine.profiler import format_split
 
-__all__ = ["LOSS_NAMES", "METRIC_COLUMNS", "RESULTS_COLUMNS", "RunLog", "default_loggers", "results_columns"]
+__all__ = ["LOSS_NAMES", "METRIC_COLUMNS", "RESULTS_COLUMNS", "RunLog", "default_loggers", "metric_columns",
+           "results_columns"]
 
-LOSS_NAMES = ("box_loss", "cls_loss", "dfl_loss")
-METRIC_COLUMNS = ("metrics/precision(B)", "metrics/recall(B)", "metrics/mAP50(B)", "metrics/mAP50-95(B)",
-                  "val/box_loss", "val/cls_loss", "val/dfl_loss")
+LOSS_NAMES = ("box_loss", "cls_loss", "dfl_loss")  # the criterion's ``names`` replace these (YOLO26: l1_loss)
+_MAP_COLUMNS = ("metrics/precision(B)", "metrics/recall(B)", "metrics/mAP50(B)", "metrics/mAP50-95(B)")
 _REFRESH_S = 0.5  # progress-line refresh: each one reads the gradient norm sums from the device once
+
+
+def metric_columns(loss_names=LOSS_NAMES) -> tuple[str, ...]:
+    """The validation columns: precision, recall, mAP50, mAP50-95, then ``val/<name>`` of the first three loss
+    items (``val/dfl_loss`` for YOLOv8/YOLO11, ``val/l1_loss`` for YOLO26, as Ultralytics names them)."""
+    return (*_MAP_COLUMNS, *(f"val/{n}" for n in loss_names[:3]))
+
+
+METRIC_COLUMNS = metric_columns()
 
 
 def results_columns(loss_names=LOSS_NAMES) -> tuple[str, ...]:
     """Ultralytics' columns first (tools that read its runs keep working), then any loss beyond its three
     (``train/dis_loss`` with a teacher), memory and gradient norm."""
-    return ("epoch", "time", *(f"train/{n}" for n in loss_names[:3]), *METRIC_COLUMNS,
+    return ("epoch", "time", *(f"train/{n}" for n in loss_names[:3]), *metric_columns(loss_names),
             "lr/pg0", "lr/pg1", "lr/pg2", *(f"train/{n}" for n in loss_names[3:]),
             *MEMORY_COLUMNS, *GRAD_COLUMNS)
 
@@ -102,7 +111,7 @@ class RunLog:
         tl = t.tloss.tolist() if t.tloss is not None else [math.nan] * n
         row = {"epoch": t.epoch + 1, "time": round(t.train_time, 3)}
         row.update({f"train/{k}": v for k, v in zip(t.loss_names, tl)})
-        row.update({k: t.metrics.get(k, math.nan) for k in METRIC_COLUMNS})
+        row.update({k: t.metrics.get(k, math.nan) for k in metric_columns(t.loss_names)})
         row.update({f"lr/pg{j}": t.lr.get(f"lr/pg{j}", math.nan) for j in range(3)})
         row.update(memory_usage(t.device))
         row.update(t.grad_norm.read())

@@ -42,6 +42,8 @@ def plot_results(csv_file: str | Path, out: str | Path | None = None) -> Path | 
     x = col("epoch")
     fig, axes = plt.subplots(2, 5, figsize=(12, 6), tight_layout=True)
     for ax, name in zip(axes.ravel(), _PANELS):
+        if name not in rows[0] and name.endswith("/dfl_loss"):  # YOLO26 has no DFL: its L1 term sits there
+            name = name.replace("dfl_loss", "l1_loss")
         ax.plot(x, col(name), marker=".", linewidth=2, markersize=8)
         ax.set_title(name, fontsize=12)
     fig.savefig(out, dpi=150)

@@ -67,7 +67,7 @@ from yolofast.engine.distributed import (
 )
 from yolofast.engine.freeze import freeze_bn
 from yolofast.engine.gradnorm import GradNormStats
-from yolofast.engine.loggers import LOSS_NAMES, METRIC_COLUMNS, RESULTS_COLUMNS, default_loggers
+from yolofast.engine.loggers import LOSS_NAMES, RESULTS_COLUMNS, default_loggers, metric_columns
 from yolofast.engine.multiscale import random_size, resize_batch
 from yolofast.engine.profiler import make_profiler
 from yolofast.engine.recovery import NonFiniteGuard, OutOfMemoryHalving, is_out_of_memory
@@ -90,6 +90,12 @@ def increment_path(path: str | Path, exist_ok: bool = False) -> Path:
     while (p := path.with_name(f"{path.name}{n}")).exists():
         n += 1
     return p
+
+
+def _fp32(feats):
+    """The head's maps in float32 for the loss; an end2end head's dict of branches as it is (its criterion
+    takes each branch's maps in float32)."""
+    return feats if isinstance(feats, dict) else [f.float() for f in feats]
 
 
 class Trainer(RunViews):
@@ -214,24 +220,28 @@ class Trainer(RunViews):
         return loader.build_loader(self, img_path, batch_size, mode)  # engine/loader.py
 
     def get_loss(self, model: nn.Module):
-        """``loss(feats, batch) -> (total, items)``: DetectionLoss with the recipe's box/cls/dfl gains."""
-        from yolofast.loss import DetectionLoss
+        """``loss(feats, batch) -> (total, items)`` with the recipe's box/cls/dfl gains: DetectionLoss, or for
+        an end2end model (YOLO26) E2EDetectionLoss, whose branch weights follow the schedule's epoch."""
+        from yolofast.loss import criterion_for
 
         m = unwrap_model(model)
-        strides = tuple(float(s) for s in m.stride)
         weights = model_keys.class_weights_for(self, m.nc)  # cls_pw
-        loss = DetectionLoss(m.nc, reg_max=getattr(m, "reg_max", 16), strides=strides, box=self.args.box,
-                             cls=self.args.cls, dfl=self.args.dfl, class_weights=weights)
+        a = self.args
+        loss = criterion_for(m, box=a.box, cls=a.cls, dfl=a.dfl, epochs=self.epochs, class_weights=weights)
         return loss.to(self.device) if isinstance(loss, nn.Module) else loss
 
     def get_validator(self):
         """``validator(model) -> metrics dict`` over the ``split`` data, with the validation loss."""
         from yolofast.val import Validator
+        from yolofast.val.validator import raise_max_det
 
         a = self.args
+        # max_det left at 300 follows the most labels of one train or val image (as Ultralytics 8.4 does)
+        max_det = raise_max_det(a.max_det, *(getattr(getattr(dl, "dataset", None), "labels", None) or []
+                                             for dl in (self.train_loader, self.val_loader)))
         return Validator(self.val_loader, self.data["names"], conf=_VAL_CONF if a.conf is None else a.conf,
-                         iou=self.args.iou,
-                         max_det=self.args.max_det, loss=self.criterion, device=self.device,
+                         iou=self.args.iou, nms=a.nms,  # None: one-to-many + NMS, so fitness is Ultralytics'
+                         max_det=max_det, loss=self.criterion, device=self.device,
                          half=quantize_half(a.quantize, self.amp_dtype is not None),
                          progress=self.args.verbose and is_main_process(),
                          map_convention=self.args.map_convention,
@@ -264,6 +274,7 @@ class Trainer(RunViews):
         p.batch_size = setup.rank_batch(a, self.world_size)
         p.train_loader = self.get_dataloader(self.data["train"], p.batch_size, mode="train")
         p.criterion, p.step_model, step_loss, extra = setup.build_loss(self, p.model)
+        self.loss_names[:3] = getattr(p.criterion, "names", self.loss_names[:3])  # YOLO26: ..., l1_loss
         # After the names a subclass appended before train() (its loss items); once, should setup run again.
         self.loss_names += [n for n in extra if n not in self.loss_names]
         # DDP wrap, loss x world size, torch.compile (model + whole loss): yolofast/engine/compile.py
@@ -425,7 +436,7 @@ class Trainer(RunViews):
         with self.autocast():
             feats = self.train_model(batch["img"])
         self.prof.mark("forward")
-        loss, items = self.train_loss([f.float() for f in feats], batch)  # loss in fp32
+        loss, items = self.train_loss(_fp32(feats), batch)  # loss in fp32
         if not self.nonfinite.check(loss, batch, epoch, i):  # skipped; restores or raises (recovery.py)
             self.optimizer.zero_grad(set_to_none=True)
             self.state.last_opt_step = ni
@@ -498,7 +509,7 @@ class Trainer(RunViews):
         metrics = dict(v(self.ema.ema))
         fitness = metrics.get("fitness", metrics.get("metrics/mAP50-95(B)"))
         if fitness is None:  # a custom validator without mAP: lower validation loss is better
-            fitness = -sum(metrics.get(k, 0.0) for k in METRIC_COLUMNS[4:])
+            fitness = -sum(metrics.get(k, 0.0) for k in metric_columns(self.loss_names)[4:])
         self.state.metrics = metrics
         self.run_callbacks("on_val_end")
         return metrics, float(fitness)

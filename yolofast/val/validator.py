@@ -191,7 +191,8 @@ class Validator:
             out.update(self._coco_eval(jdict))
         if self.loss is not None:
             items = (loss_sum / max(n_batches, 1)).cpu().tolist()
-            out.update(dict(zip(LOSS_KEYS, items)))
+            names = getattr(self.loss, "names", None)  # the criterion's (YOLO26: box, cls, l1_loss)
+            out.update(dict(zip((f"val/{n}" for n in names) if names else LOSS_KEYS, items)))
         if self.verbose:
             self.print_results()
         return out
