@@ -143,3 +143,35 @@ def test_yolo26_resume_restores_e2e_weights_and_matches(shapes, tmp_path, resume
     for k in sa:
         torch.testing.assert_close(sb[k], sa[k], rtol=0, atol=0, msg=k)
     assert _rows(r.csv)[-1]["val/l1_loss"] == _rows(full.csv)[-1]["val/l1_loss"]
+
+
+def test_doctor_refuses_yolo26_with_a_reason(shapes, tmp_path):
+    """The doctor traces one head's v8 loss stages: for an end-to-end model it says so instead of failing
+    inside its trace."""
+    from yolofast.cfg import CfgError
+
+    t = Trainer(model=_tiny("yolo26"), data=shapes, epochs=1, project=tmp_path, **FAST)
+    with pytest.raises(CfgError, match="end-to-end head.*yolo11 or yolov8"):
+        t.doctor()
+    assert t.parts.model is None  # the trainer's own parts were handed back
+
+
+def test_distill_refuses_a_yolo26_student_with_a_reason(shapes, tmp_path):
+    from yolofast.cfg import CfgError
+
+    teacher = tmp_path / "teacher.pt"
+    teacher.write_bytes(b"")  # refused before the teacher is read
+    t = Trainer(model=_tiny("yolo26"), data=shapes, epochs=1, project=tmp_path, distill_model=str(teacher),
+                **FAST)
+    with pytest.raises(CfgError, match="student has an end-to-end head"):
+        t.train()
+
+
+def test_amp_bf16_trains_yolo26(shapes, tmp_path):
+    """amp=True on a CPU with native BF16 runs the forward in bf16 (the loss in fp32); elsewhere fp32."""
+    from yolofast.engine.device import cpu_has_native_bf16
+
+    t = Trainer(model=_tiny("yolo26"), data=shapes, epochs=1, project=tmp_path, amp=True, **FAST)
+    t.train()
+    assert t.amp_dtype == (torch.bfloat16 if cpu_has_native_bf16() else None)
+    assert math.isfinite(float(_rows(t.csv)[0]["train/l1_loss"]))

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from yolofast.cfg import DEFAULTS, get_cfg
+from yolofast.cfg import DEFAULTS, CfgError, get_cfg
 from yolofast.engine import distill, setup
 from yolofast.engine.autobatch import resolve_batch
 from yolofast.engine.device import setup_amp
@@ -84,6 +84,12 @@ def _prepare(trainer: Trainer, saved: TrainParts) -> Session:
         src = a.model
     p.channels_last = setup.channels_last(a, trainer.device)
     p.model = model = setup.build_model(trainer, src, nhwc=p.channels_last)
+    if getattr(model, "end2end", False):
+        name = f"model={a.model!r}" if isinstance(a.model, str) else "the model"
+        raise CfgError(f"doctor: {name} has an end-to-end head (YOLO26: one-to-many and one-to-one "
+                       "branches, each with its own assignment); the doctor traces one head's box/cls/dfl "
+                       "terms and does not cover that criterion yet. Train it directly (its loss items are "
+                       "box_loss, cls_loss, l1_loss), or run the doctor on yolo11 or yolov8 with this data")
     p.stride = setup.model_stride(model)
     p.amp_dtype, p.scaler = setup_amp(a.amp, trainer.device)
     bs = DEFAULTS["batch"] if resolve_batch(a.batch)[0] else int(a.batch)  # one process, no AutoBatch

@@ -158,6 +158,10 @@ def train_step(model: nn.Module, criterion, args, names: dict, device, channels_
     path = getattr(args, "distill_model", None)
     if path in (None, "", False):
         return model, criterion, []
+    if getattr(model, "end2end", False):
+        raise CfgError(f"distill_model={str(path)!r}: the student has an end-to-end head (YOLO26), whose "
+                       "criterion takes both head branches; distillation feeds the one-to-many maps only and "
+                       "does not cover it yet. Train without distill_model, or distill into yolo11 / yolov8")
     teacher = load_teacher(path, model, names, device)
     step = DistillStep(model, teacher)
     if channels_last:
