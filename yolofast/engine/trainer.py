@@ -92,6 +92,12 @@ def increment_path(path: str | Path, exist_ok: bool = False) -> Path:
     return p
 
 
+def _fp32(feats):
+    """The head's maps in float32 for the loss; an end2end head's dict of branches as it is (its criterion
+    takes each branch's maps in float32)."""
+    return feats if isinstance(feats, dict) else [f.float() for f in feats]
+
+
 class Trainer(RunViews):
     """Trains a YOLOv8-style detector. ``Trainer(overrides=None, **recipe)``; see the module docstring.
 
@@ -214,14 +220,14 @@ class Trainer(RunViews):
         return loader.build_loader(self, img_path, batch_size, mode)  # engine/loader.py
 
     def get_loss(self, model: nn.Module):
-        """``loss(feats, batch) -> (total, items)``: DetectionLoss with the recipe's box/cls/dfl gains."""
-        from yolofast.loss import DetectionLoss
+        """``loss(feats, batch) -> (total, items)`` with the recipe's box/cls/dfl gains: DetectionLoss, or for
+        an end2end model (YOLO26) E2EDetectionLoss, whose branch weights follow the schedule's epoch."""
+        from yolofast.loss import criterion_for
 
         m = unwrap_model(model)
-        strides = tuple(float(s) for s in m.stride)
         weights = model_keys.class_weights_for(self, m.nc)  # cls_pw
-        loss = DetectionLoss(m.nc, reg_max=getattr(m, "reg_max", 16), strides=strides, box=self.args.box,
-                             cls=self.args.cls, dfl=self.args.dfl, class_weights=weights)
+        a = self.args
+        loss = criterion_for(m, box=a.box, cls=a.cls, dfl=a.dfl, epochs=self.epochs, class_weights=weights)
         return loss.to(self.device) if isinstance(loss, nn.Module) else loss
 
     def get_validator(self):
@@ -425,7 +431,7 @@ class Trainer(RunViews):
         with self.autocast():
             feats = self.train_model(batch["img"])
         self.prof.mark("forward")
-        loss, items = self.train_loss([f.float() for f in feats], batch)  # loss in fp32
+        loss, items = self.train_loss(_fp32(feats), batch)  # loss in fp32
         if not self.nonfinite.check(loss, batch, epoch, i):  # skipped; restores or raises (recovery.py)
             self.optimizer.zero_grad(set_to_none=True)
             self.state.last_opt_step = ni

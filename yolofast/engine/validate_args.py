@@ -16,8 +16,8 @@ from yolofast.cfg import CfgError
 __all__ = ["validate_args", "check_imgsz", "check_model", "MODEL_NAMES", "MAX_STRIDE"]
 
 MAX_STRIDE = 32  # P5 output: the input must divide into 32-px cells at the coarsest level
-MODEL_NAMES = tuple(f"yolov8{s}" for s in "nsmlx")
-_NAMED = re.compile(r"^yolov8[nsmlx](\.yaml)?$", re.IGNORECASE)
+MODEL_NAMES = tuple(f"{family}{s}" for family in ("yolov8", "yolo11", "yolo26") for s in "nsmlx")
+_NAMED = re.compile(r"^(yolov8|yolo11|yolo26)[nsmlx](\.yaml)?$", re.IGNORECASE)
 
 
 def check_imgsz(imgsz, stride: int = MAX_STRIDE, name: str = "imgsz") -> int:
