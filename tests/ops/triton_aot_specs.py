@@ -159,7 +159,8 @@ def tal_assign(mod) -> list[tuple]:
         for step in (0, 1):
             ce = {"STEP": step, "F64": f64, "BLOCK": mod.BLOCK_A}
             specs.append((mod._tal_topk2_round_kernel, round_sig, ce, exact))
-        keep_sig = {**t2_base, "sel_ov_ptr": f"*{ct}", "t2a_ptr": "*i32", "pal_ptr": "*i64", "pov_ptr": "*i64",
-                    "A": "i32", "M": "i32", "BM": "i32", "K2": "i32", "F64": "constexpr", "BLOCK": "constexpr"}
+        keep_sig = {**t2_base, "sel_ov_ptr": f"*{ct}", "t2a_ptr": "*i32", "pal_ptr": "*i64",
+                    "pov_ptr": "*i64", "A": "i32", "M": "i32", "BM": "i32", "K2": "i32", "F64": "constexpr",
+                    "BLOCK": "constexpr"}
         specs.append((mod._tal_topk2_keep_kernel, keep_sig, {"F64": f64, "BLOCK": mod.BLOCK_A}, exact))
     return specs
