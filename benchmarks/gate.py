@@ -44,6 +44,7 @@ DEFAULT_KEYS = (
     "loss-b8-640-50gt/loss_step",
     "assign-dense-b1-640-500gt/tal_assign",
     "ema-yolov8s/ema_update",
+    "musgd-yolo26n/musgd_step",
 )
 # The slowdown a floor is placed to catch. A floor sits halfway (geometrically) between the slowest healthy
 # run measured for it and the median run made CATCH x slower: sqrt(min x median / CATCH). With runs within

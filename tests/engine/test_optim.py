@@ -1,12 +1,15 @@
 """Optimizer groups, the auto rule, accumulate/weight-decay scaling, schedules and warmup values."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 from torch import nn
 
 from yolofast.engine import optim
+from yolofast.nn import build_model
+from yolofast.optim import MuSGD
 
 
 def _net():
@@ -49,14 +52,69 @@ def test_unknown_optimizer():
         optim.build_optimizer(_net(), "Lion")
 
 
-@pytest.mark.parametrize("nc,lr", [(80, 0.000119), (5, 0.001111), (1, 0.002)])
+@pytest.mark.parametrize("nc,lr", [(80, 0.000119), (5, 0.001111), (3, 0.001429), (1, 0.002)])
 def test_auto_rule(nc, lr):
+    """Ultralytics 8.4.190: MuSGD(0.01, 0.9) past 10k iterations, AdamW(round(0.01/(4+nc), 6)) up to it."""
     assert optim.auto_optimizer(10_000, nc) == ("AdamW", lr, 0.9)
-    assert optim.auto_optimizer(10_001, nc) == ("SGD", 0.01, 0.9)
+    assert optim.auto_optimizer(10_001, nc) == ("MuSGD", 0.01, 0.9)
     opt, name, got_lr, _ = optim.build_optimizer(_net(), "auto", iterations=500, nc=nc)
     assert isinstance(opt, torch.optim.AdamW) and got_lr == lr == opt.param_groups[0]["lr"]
+    assert all(g["betas"] == (0.9, 0.999) for g in opt.param_groups)
     opt, name, got_lr, mom = optim.build_optimizer(_net(), "auto", iterations=50_000, nc=nc)
-    assert isinstance(opt, torch.optim.SGD) and (got_lr, mom) == (0.01, 0.9)
+    assert isinstance(opt, MuSGD) and name == "MuSGD" and (got_lr, mom) == (0.01, 0.9)
+    assert (opt.muon, opt.sgd) == (0.2, 1.0) and all(g["momentum"] == 0.9 for g in opt.param_groups)
+
+
+def _recipe(**kw):
+    base = dict(optimizer="auto", lr0=0.01, momentum=0.937, weight_decay=5e-4, batch=16, nbs=64, epochs=100,
+                warmup_bias_lr=0.1)
+    return SimpleNamespace(**{**base, **kw})
+
+
+@pytest.mark.parametrize("n_images,name,lr", [(128, "AdamW", 0.000119), (118_287, "MuSGD", 0.01)])
+def test_auto_rewrites_the_recipe(n_images, name, lr):
+    """coco128 x 100 epochs = 200 iterations -> AdamW; COCO x 100 = 184,900 -> MuSGD. The recipe then says
+    what ran (args.yaml, train_args: a resume rebuilds it), the bias warmup starts at 0 and the warmup
+    ramps momentum to the recipe's 0.937, not the constructor's 0.9."""
+    a = _recipe()
+    opt, auto, mom, bias_lr = optim.recipe_optimizer(_net(), a, n_images, 4, nc=80, log=lambda m: None)
+    assert auto == (name, lr, 0.9) and type(opt).__name__ == name
+    assert (a.optimizer, a.lr0, a.warmup_bias_lr, a.momentum) == (name, lr, 0.0, 0.937)
+    assert mom == 0.937 and bias_lr == 0.0
+    # the rewritten recipe, as a resume reads it from train_args, builds the same optimizer
+    opt2, auto2, mom2, bias_lr2 = optim.recipe_optimizer(_net(), a, n_images * 1000, 4, nc=80)
+    assert auto2 is None and type(opt2).__name__ == name and (mom2, bias_lr2) == (0.937, 0.0)
+    assert opt2.param_groups[0]["lr"] == pytest.approx(opt.param_groups[0]["lr"])
+
+
+def test_explicit_musgd_keeps_the_recipe():
+    a = _recipe(optimizer="musgd", lr0=0.02)  # names are case-insensitive, as in Ultralytics
+    opt, auto, mom, bias_lr = optim.recipe_optimizer(_net(), a, 100, 4, nc=80)
+    assert isinstance(opt, MuSGD) and auto is None and (mom, bias_lr) == (0.937, 0.1)
+    assert a.optimizer == "musgd" and {g["momentum"] for g in opt.param_groups} == {0.937}
+    assert {g["lr"] for g in opt.param_groups if g["params"]} == {0.02}  # no class branch in _net
+
+
+def test_musgd_groups_yolo26n():
+    """YOLO11_YOLO26.md §5.2: 8 groups in Ultralytics' order, x3 lr on cv3/one2one_cv3, every 2-D/4-D
+    weight (depthwise and 1x1 head convs too) in Muon, decay only on the muon/weight groups."""
+    model = build_model("yolo26n", nc=80)
+    opt, *_ = optim.build_optimizer(model, "MuSGD", lr=0.01, momentum=0.937, decay=5e-4)
+    got = [(g["param_group"], g["lr"], g["weight_decay"], g["use_muon"], len(g["params"]))
+           for g in opt.param_groups]
+    assert got == [("weight", 0.03, 5e-4, False, 0), ("weight", 0.01, 5e-4, False, 0),
+                   ("bn", 0.03, 0.0, False, 24), ("bn", 0.01, 0.0, False, 90),
+                   ("bias", 0.03, 0.0, False, 30), ("bias", 0.01, 0.0, False, 96),
+                   ("muon", 0.03, 5e-4, True, 30), ("muon", 0.01, 5e-4, True, 96)]
+    assert all(g["nesterov"] for g in opt.param_groups)
+    muon = [p for g in opt.param_groups[6:] for p in g["params"]]
+    assert all(p.ndim == 4 for p in muon) and sum(p.numel() for p in muon) == 2_552_208
+    assert len({(p.shape[0], p[0].numel()) for p in muon}) == 41
+    head = model.model[-1]
+    boosted = {id(p) for m in (head.cv3, head.one2one_cv3) for p in m.parameters()}
+    assert {id(p) for j in (0, 2, 4, 6) for p in opt.param_groups[j]["params"]} == boosted
+    ids = [id(p) for g in opt.param_groups for p in g["params"]]
+    assert len(ids) == len(set(ids)) == sum(p.requires_grad for p in model.parameters())
 
 
 def test_accumulate_and_weight_decay_scaling():
@@ -90,3 +148,14 @@ def test_warmup_values():
     assert acc == 2  # 1 + 3 * 0.25 = 1.75 -> 2
     lrs, mom, acc = optim.warmup_values(100, 100, **kw)
     assert lrs == pytest.approx([0.01] * 3) and mom == pytest.approx(0.937) and acc == 4
+
+
+def test_warmup_bias_groups_by_tag():
+    """MuSGD's bias groups are pg4/pg5: the warmup finds them by their tag, not by position."""
+    tags = ["weight", "weight", "bn", "bn", "bias", "bias", "muon", "muon"]
+    lrs, _, _ = optim.warmup_values(0, 100, lr_targets=[0.03, 0.01] * 4, bias_lr0=0.1, momentum0=0.8,
+                                    momentum=0.937, nbs=64, batch=16, tags=tags)
+    assert lrs == [0.0, 0.0, 0.0, 0.0, 0.1, 0.1, 0.0, 0.0]
+    lrs, _, _ = optim.warmup_values(100, 100, lr_targets=[0.03, 0.01] * 4, bias_lr0=0.1, momentum0=0.8,
+                                    momentum=0.937, nbs=64, batch=16, tags=tags)
+    assert lrs == pytest.approx([0.03, 0.01] * 4)

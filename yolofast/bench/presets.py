@@ -19,11 +19,14 @@ __all__ = ["PRESETS", "KINDS", "Preset", "get_preset", "list_presets", "presets_
 #   assign: tal_assign only (the dense scenes, where the reference's B*M*A tensors dominate time and memory)
 #   ema:    ema_update over a real model's state (plus the torch._foreach_lerp_ and flat-copy baselines)
 #   step:   a whole train step of a real model (forward, DetectionLoss, backward, optimizer, EMA)
+#   musgd:  one MuSGD optimizer step over a real model's parameters and fixed random gradients (plus
+#           Ultralytics' MuSGD where it is importable, and the step's matmuls alone as plain torch.bmm)
 KINDS = {
     "loss": ("tal_assign", "bbox_loss", "loss_step"),
     "assign": ("tal_assign",),
     "ema": ("ema_update",),
     "step": ("train_step",),
+    "musgd": ("musgd_step",),
 }
 
 
@@ -58,7 +61,7 @@ class Preset:
     def describe(self) -> str:
         if self.kind in ("loss", "assign"):
             shape = f"B={self.batch}, {self.imgsz} px (A={self.n_anchors}), C={self.nc}, {self.n_gt} GT/img"
-        elif self.kind == "ema":
+        elif self.kind in ("ema", "musgd"):
             shape = f"{self.model} state"
         else:
             shape = f"{self.model}, B={self.batch}, {self.imgsz} px, C={self.nc}, {self.n_gt} GT/img"
@@ -79,6 +82,10 @@ _ALL = [
            note="goal: <= 1.0x torch._foreach_lerp_, <= 1.2x one flat copy"),
     Preset("step-yolov8n-320-b16", "step", 16, 320, 80, 8, model="yolov8n",
            note="DESIGN §7: images/s, backend ref vs auto"),
+    Preset("musgd-yolo26n", "musgd", model="yolo26n", gate=True,
+           note="goals: >= 2x Ultralytics' MuSGD (native bf16 CPU), <= 1.3x its matmuls alone"),
+    Preset("musgd-yolo26s", "musgd", model="yolo26s",
+           note="goals: >= 2x Ultralytics' MuSGD (native bf16 CPU), <= 1.3x its matmuls alone"),
     # --- CPU: smaller shapes for the 1-thread CI gate (under 3 minutes on 2 cores in all) ----------------
     Preset("assign-dense-b1-640-500gt", "assign", 1, 640, 80, 500, gate=True,
            note="a dense scene small enough for the CI gate"),
@@ -122,7 +129,7 @@ def presets_for(what: str, device: str = "cpu", names=None) -> list[Preset]:
     names: explicit preset names (any kind: an explicit choice wins over ``what``), else the default set:
     every preset of the device except the tiny ones and the ~10 GB 5000-GT scene.
     """
-    kinds = {"ops": ("loss", "assign", "ema"), "step": ("step",), "all": tuple(KINDS)}
+    kinds = {"ops": ("loss", "assign", "ema", "musgd"), "step": ("step",), "all": tuple(KINDS)}
     if what not in kinds:
         raise ValueError(f"benchmark {what!r} is not one of ops, step, all")
     if names:

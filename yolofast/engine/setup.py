@@ -41,6 +41,10 @@ def write_run_dir(t) -> None:
         return
     t.wdir.mkdir(parents=True, exist_ok=True)
     elastic.mark_run(t.save_dir)  # where a torchrun restart finds this run (elastic.py)
+    _write_args(t)
+
+
+def _write_args(t) -> None:
     with open(t.save_dir / "args.yaml", "w", encoding="utf-8") as f:
         yaml.safe_dump({k: (str(v) if isinstance(v, Path) else v) for k, v in vars(t.args).items()}, f,
                        sort_keys=False)
@@ -128,8 +132,11 @@ def build_optimizer(t, step_model: nn.Module, n_images: int, accumulate: int, gr
     """The recipe's optimizer over ``step_model``: (optimizer, what optimizer=auto chose or None, momentum,
     warmup bias lr), from optim.recipe_optimizer. ``args``: the recipe when not ``t.args`` (the doctor's,
     with the batch it runs)."""
-    return optim.recipe_optimizer(step_model, args or t.args, n_images, accumulate, t.data["nc"],
-                                  resumed_auto, extra=optimizer_kwargs if graphed else None, log=t.log)
+    out = optim.recipe_optimizer(step_model, args or t.args, n_images, accumulate, t.data["nc"],
+                                 resumed_auto, extra=optimizer_kwargs if graphed else None, log=t.log)
+    if out[1] is not None and args is None and is_main_process():  # optimizer=auto rewrote the recipe:
+        _write_args(t)  # args.yaml says what ran, as the checkpoints' train_args do
+    return out
 
 
 def build_graph(t, why: list[str] | None, parts) -> GraphedTrainStep | None:

@@ -9,6 +9,7 @@ from yolofast.ops._backend import BackendUnavailable, backend, select_backend
 from yolofast.ops.bbox_loss import bbox_loss, bbox_loss_maps
 from yolofast.ops.ema_update import ema_update
 from yolofast.ops.head_decode import head_decode
+from yolofast.ops.ns_orthogonalize import ns_orthogonalize
 from yolofast.ops.tal_assign import tal_assign, tal_assign_maps
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
     "bbox_loss_maps",
     "ema_update",
     "head_decode",
+    "ns_orthogonalize",
     "reference",
     "select_backend",
     "tal_assign",

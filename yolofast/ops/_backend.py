@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import torch
 
-OPS = ("tal_assign", "bbox_loss", "ema_update", "head_decode")
+OPS = ("tal_assign", "bbox_loss", "ema_update", "head_decode", "ns_orthogonalize")
 VARIANTS = {  # variant -> its op
     "tal_assign.maps": "tal_assign",
     "bbox_loss.maps": "bbox_loss",
@@ -48,13 +48,14 @@ _COMPILED = {
     ("ema_update.multi", "cpp"): "ema_update_multi",
     ("head_decode", "cpp"): "head_decode",
     ("head_decode.boxes", "cpp"): "head_decode_boxes",
+    ("ns_orthogonalize", "cpp"): "ns_orthogonalize",
 }
 # Compiled forms that read the head's maps with DFL bins: reg_max >= 2 only; a reg_max 1 head (YOLO26: raw
 # distances) gets the composed form on the same backend.
 _DFL_ONLY = frozenset({"tal_assign.maps", "bbox_loss.maps", "head_decode", "head_decode.boxes"})
 # Ops with a reference in reference.py (<op>_ref) and a Triton kernel (yolofast.kernels.<op>); head_decode
 # has neither: off the CPU kernel it is torch ops (_composed.head_decode) on every backend.
-_REFERENCE_OPS = ("tal_assign", "bbox_loss", "ema_update")
+_REFERENCE_OPS = ("tal_assign", "bbox_loss", "ema_update", "ns_orthogonalize")
 
 _local = threading.local()
 

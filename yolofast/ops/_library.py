@@ -182,3 +182,11 @@ def threads_seen() -> int:
     """Debug: distinct threads that ran a chunk of any CPU kernel since the last call (resets the record)."""
     _ensure_loaded()
     return torch.ops.yolofast._threads_seen(torch.empty(0))
+
+
+def ns_orthogonalize(mats: list[Tensor], steps: int = 5, eps: float = 1e-7,
+                     fp32: bool = False) -> list[Tensor]:
+    """Compiled Muon orthogonalisation of a list of matrices/conv weights (``_schemas.py``); each output as
+    ``reference.ns_orthogonalize_ref(m.reshape(m.shape[0], -1))`` in m's shape."""
+    _ensure_loaded()
+    return torch.ops.yolofast.ns_orthogonalize(list(mats), int(steps), float(eps), bool(fp32))

@@ -52,6 +52,9 @@ Ops (tensor shapes as in ``reference.py``):
   ema_update(ema!, model, decay) -> ()   in place ema = lerp(ema, model, 1 - decay).
   ema_update.multi(ema![], model[], decay) -> ()   the same over lists of tensors (the model's own, in
       place; integer tensors copied): one parallel sweep, no flat copy (CPU).
+  ns_orthogonalize(mats[], steps, eps, fp32) -> Tensor[]   Muon's Newton-Schulz NS5 of every mats[i]
+      flattened to (size(0), numel/size(0)), each back in its own shape and dtype (contiguous): the list
+      grouped by shape, each group one batched bmm/baddbmm per product; bf16 (fp32=True: float32).
   _simd_lanes(x) -> int   debug: floats per SIMD vector the CPU build uses (16 AVX-512, 8 AVX2, 4 NEON).
   _threads_seen(x) -> int   debug: distinct threads that ran a kernel chunk since the last call (CPU).
   _bbox_vec_bits(x) -> int  debug: SIMD width in bits the CPU loss kernels were built for (0: scalar).
@@ -104,6 +107,7 @@ _lib.define("ema_update(Tensor(a!) ema, Tensor model, Tensor decay) -> ()")
 _lib.define("ema_update.multi(Tensor(a!)[] ema, Tensor[] model, Tensor decay) -> ()")
 _lib.define("_threads_seen(Tensor x) -> int")
 _lib.define("_simd_lanes(Tensor x) -> int")
+_lib.define("ns_orthogonalize(Tensor[] mats, int steps, float eps, bool fp32) -> Tensor[]")
 
 
 # ---------------------------------------------------------------------------------------------- fake impls
@@ -218,6 +222,11 @@ def _ema_update_fake(ema, model, decay):
 @torch.library.register_fake("yolofast::ema_update.multi", lib=_lib)
 def _ema_update_multi_fake(ema, model, decay):
     return None
+
+
+@torch.library.register_fake("yolofast::ns_orthogonalize", lib=_lib)
+def _ns_orthogonalize_fake(mats, steps, eps, fp32):
+    return [torch.empty_like(m, memory_format=torch.contiguous_format) for m in mats]
 
 
 # ------------------------------------------------------------------------------------------------ autograd

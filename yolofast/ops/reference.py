@@ -29,6 +29,7 @@ __all__ = [
     "tal_assign_ref",
     "bbox_loss_ref",
     "ema_update_ref",
+    "ns_orthogonalize_ref",
 ]
 
 # SMALL_GT_SIDE (16 px: shorter sides of a real GT are widened to it for the candidate test only), CIoU's
@@ -343,3 +344,39 @@ def ema_update_ref(ema: torch.Tensor, model: torch.Tensor, decay) -> None:
         ema.copy_(ema.float().lerp_(model.float(), w))
     else:
         ema.lerp_(model.to(cdt), w)
+
+
+# Newton-Schulz quintic coefficients of Muon (YOLO11_YOLO26.md §5.3): fast growth of small singular values,
+# the fixed point wobbling within ~0.7-1.2 instead of converging to 1.
+NS_COEFFS = (3.4445, -4.7750, 2.0315)
+
+
+def ns_orthogonalize_ref(mat: torch.Tensor, steps: int = 5, eps: float = 1e-7,
+                         dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """Muon's orthogonalisation ``NS5(mat)`` of one matrix or a batch ``(..., m, n)``, returned in mat's
+    dtype and shape (YOLO11_YOLO26.md §5.3; the caller applies σ and the flattening of a conv weight).
+
+    In ``dtype`` (bfloat16: the spec; float32: the mode for CPUs without native bf16):
+    ``X = x / (‖x‖_F + eps)`` with the norm taken of the low-precision tensor in its own dtype; if
+    m > n the iteration runs on ``Xᵀ`` (so ``X Xᵀ`` is the smaller Gram matrix); ``steps`` times with
+    (a, b, c) = NS_COEFFS: ``A = X Xᵀ``, ``B = b·A + c·(A A)``, ``X = a·X + B X``, each affine step one
+    ``baddbmm`` (inputs in dtype, accumulation in fp32, one rounding), then transposed back.
+    The orientation is each matrix's own (Ultralytics takes it on the zero-padded row count of its
+    batches, which changes the rounding, not the value, of matrices it pads past square).
+    """
+    if mat.dim() < 2:
+        raise ValueError(f"ns_orthogonalize: expected a matrix or a batch (..., m, n), got shape "
+                         f"{tuple(mat.shape)}")
+    m, n = mat.shape[-2:]
+    x = mat.reshape(-1, m, n).to(dtype)
+    x = x / (x.norm(dim=(-2, -1), keepdim=True) + eps)
+    if m > n:
+        x = x.transpose(-2, -1)
+    a, b, c = NS_COEFFS
+    for _ in range(steps):
+        gram = torch.bmm(x, x.transpose(-2, -1))
+        poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
+        x = torch.baddbmm(x, poly, x, beta=a)
+    if m > n:
+        x = x.transpose(-2, -1)
+    return x.to(mat.dtype).reshape(mat.shape)
