@@ -130,9 +130,10 @@ def tal_assign(mod) -> list[tuple]:
             "C": "i32",
             "M": "i32",
         }
-        res_ce = dict(BLOCK=128, **metric)
+        res_ce = dict(BLOCK=128, DEFER=False, **metric)
         res_sig.update({k: "constexpr" for k in res_ce})
-        specs.append((mod._tal_resolve_kernel, res_sig, res_ce, exact))
+        for defer in (False, True):  # DEFER: a second top-k follows and takes the per-GT maxima itself
+            specs.append((mod._tal_resolve_kernel, res_sig, {**res_ce, "DEFER": defer}, exact))
         wr_sig = {
             "fg_ptr": "*i1",
             "tgi_ptr": "*i64",
