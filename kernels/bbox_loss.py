@@ -321,37 +321,3 @@ def bbox_loss(
     return torch.ops.yolofast.bbox_loss_triton(
         pred_dist, pred_scores, anchor_points, target_bboxes, target_scores, fg_mask
     )[0]
-
-
-def aot_specs() -> list[tuple]:
-    """(kernel, signature, constexprs, options) of the GPU variants the ahead-of-time compile test builds:
-    float32 with libdevice (what a GPU runs) and the float64 reduction (~8 s of compiling on 2 cores)."""
-    sig = {
-        "pd_ptr": "*fp32",
-        "ps_ptr": "*fp32",
-        "anc_ptr": "*fp32",
-        "tb_ptr": "*fp32",
-        "ts_ptr": "*fp32",
-        "fg_ptr": "*i1",
-        "gd_box_ptr": "*fp32",
-        "gd_dfl_ptr": "*fp32",
-        "gs_ptr": "*fp32",
-        "part_ptr": "*fp64",
-        "n_rows": "i32",
-        "A": "i32",
-        "C": "i32",
-        "R": "constexpr",
-        "F64": "constexpr",
-        "USE_LIB": "constexpr",
-        "BLOCK_A": "constexpr",
-        "BLOCK_C": "constexpr",
-    }
-    main = {"R": 16, "F64": False, "USE_LIB": True, "BLOCK_A": 32, "BLOCK_C": 128}
-    red_sig = {
-        "part_ptr": "*fp64",
-        "out_ptr": "*fp32",
-        "inv_s_ptr": "*fp32",
-        "n_part": "i32",
-        "BLOCK": "constexpr",
-    }
-    return [(_bbox_loss_kernel, sig, main, {}), (_bbox_loss_reduce_kernel, red_sig, {"BLOCK": BLOCK_R}, {})]

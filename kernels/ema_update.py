@@ -91,19 +91,3 @@ def ema_update(ema: Tensor, model: Tensor, decay) -> None:
     if decay.dtype not in (torch.float32, torch.float64):
         decay = decay.to(torch.float64)  # a bf16/fp16 decay: 1 - d is then formed in float64
     torch.ops.yolofast.ema_update_triton(ema, model, decay.reshape(()))
-
-
-def aot_specs() -> list[tuple]:
-    """(kernel, signature, constexprs, options) of each variant, for the ahead-of-time compile test."""
-    specs = []
-    for ty in ("fp32", "bf16", "fp64"):
-        sig = {
-            "ema_ptr": f"*{ty}",
-            "model_ptr": f"*{ty}",
-            "decay_ptr": "*fp64",
-            "n": "i64",
-            "F64": "constexpr",
-            "BLOCK": "constexpr",
-        }
-        specs.append((_ema_update_kernel, sig, {"F64": ty == "fp64", "BLOCK": BLOCK}, {}))
-    return specs

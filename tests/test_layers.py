@@ -12,7 +12,7 @@ The layer order, bottom first (docs/layout.md states the same):
     (forms composed of torch ops) < ``_backend`` (which implementation runs) < the public wrappers
     (``tal_assign``, ``bbox_loss``, ``head_decode``, ``ema_update``) < the package ``yolofast.ops``
  4. ``yolofast.data``, ``yolofast.nn``, ``yolofast.loss`` (the model's ``loss()`` builds its criterion),
-    ``yolofast.predict.results`` (Results/Boxes, a leaf)
+    ``yolofast.optim`` (MuSGD: the optimizers over ops), ``yolofast.predict.results`` (Results/Boxes, a leaf)
  5. ``yolofast.io``, ``yolofast.export``
  6. ``yolofast.val``     7. ``yolofast.predict``     8. ``yolofast.engine``     9. ``yolofast.doctor``
 10. ``yolofast.model``, ``yolofast.bench``     11. ``yolofast`` (the package), ``yolofast.cli``,
@@ -43,7 +43,7 @@ LAYERS = [  # module-name prefixes, bottom first; a module takes the layer of it
     ("yolofast.ops.tal_assign", "yolofast.ops.bbox_loss", "yolofast.ops.head_decode",
      "yolofast.ops.ema_update"),
     ("yolofast.ops",),
-    ("yolofast.data", "yolofast.nn", "yolofast.loss", "yolofast.predict.results"),
+    ("yolofast.data", "yolofast.nn", "yolofast.loss", "yolofast.optim", "yolofast.predict.results"),
     ("yolofast.io", "yolofast.export"),
     ("yolofast.val",),
     ("yolofast.predict",),
@@ -177,3 +177,16 @@ def test_csrc_includes_stay_in_csrc():
                 if not any((d / inc).is_file() for d in (path.parent, csrc / "common", csrc)):
                     bad.append(f"{path.relative_to(ROOT)}:{i} includes {inc}, not a file of csrc/")
     assert not bad, "\n".join(bad)
+
+
+def test_no_test_module_imports_another():
+    """Shared inputs and helpers live in helper modules (tests/ops/op_inputs.py, ...), never in a test_*.py
+    that another test module imports (which would run its tests' module code twice and tie the two)."""
+    bad = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            bad += [f"{path.relative_to(ROOT)}:{node.lineno} imports {n}" for n in names
+                    if n.split(".")[-1].startswith("test_")]
+    assert not bad, "test modules importing test modules:\n" + "\n".join(bad)

@@ -75,6 +75,8 @@ def test_loader_sends_plans_and_the_device_renders_the_cpu_batch(tmp_path, split
     with pytest.raises(ValueError, match="cutmix=0.3 needs the CPU path"):
         build_dataset(src, imgsz=64, nc=2, augment_device="cpu", hyp=dict(cutmix=0.3))
     assert build_dataset(src, imgsz=64, nc=2, augment=False, augment_device="cpu").augment_device is None
+    with pytest.raises(ValueError, match="rect=True needs the CPU path"):
+        build_dataset(src, imgsz=64, nc=2, augment_device="cpu", rect=True)
 
 
 @pytest.mark.cuda

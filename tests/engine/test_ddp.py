@@ -196,3 +196,87 @@ def test_torchrun_failed_rank_ends_with_error(tmp_path):
                        timeout=120)
     assert p.returncode != 0
     assert "does_not_exist.yaml" in p.stdout + p.stderr
+
+
+class _TwoBranch(nn.Module):
+    """A YOLO26-like head: a one-to-many branch and a one-to-one branch on detached features; ``end2end``
+    says which it is, as the real model does."""
+
+    def __init__(self, end2end: bool):
+        super().__init__()
+        self.end2end = end2end
+        self.stem = nn.Conv2d(3, 4, 3, padding=1)
+        self.one2many = nn.Conv2d(4, 2, 1)
+        self.one2one = nn.Conv2d(4, 2, 1)
+
+    def forward(self, x):
+        f = self.stem(x)
+        return {"one2many": self.one2many(f), "one2one": self.one2one(f.detach())}
+
+
+def _branch_loss(out, one2one: bool):
+    """The one-to-one term only when ``one2one``: a step that leaves that branch without a gradient."""
+    loss = out["one2many"].square().mean()
+    return loss + out["one2one"].square().mean() if one2one else loss
+
+
+def _branch_input(rank):
+    return torch.rand(2, 3, 8, 8, generator=torch.Generator().manual_seed(rank))
+
+
+def _unused_branch_worker(rank, world, port, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world), YOLOFAST_DDP_TIMEOUT="60")
+    from yolofast.engine.distributed import wrap_ddp
+
+    dev = init_distributed(torch.device("cpu"))
+    x, res = _branch_input(rank), {}
+    torch.manual_seed(0)
+    model = _TwoBranch(end2end=True)
+    ddp = wrap_ddp(model, dev)
+    res["find_unused"] = ddp.find_unused_parameters
+    for step in range(3):  # step 0: rank 1's loss leaves the one-to-one branch out, rank 0's does not
+        _branch_loss(ddp(x), one2one=not (rank == 1 and step == 0)).backward()
+        res[step] = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad(set_to_none=True)
+    # Without find_unused (a v8-style model): both ranks leave the branch out of step 0, so DDP fails the
+    # same way on both (when only one rank does, the other waits in the all-reduce: the hang).
+    torch.manual_seed(0)
+    plain = wrap_ddp(_TwoBranch(end2end=False), dev)
+    res["plain_error"] = None
+    try:
+        for step in range(2):
+            _branch_loss(plain(x), one2one=step > 0).backward()
+    except RuntimeError as e:
+        res["plain_error"] = str(e)
+    torch.save(res, f"{out}/rank{rank}.pt")
+    destroy_distributed()
+
+
+def test_branches_may_go_unused_sees_the_student():
+    from yolofast.engine.distributed import branches_may_go_unused
+
+    assert branches_may_go_unused(_TwoBranch(True)) and not branches_may_go_unused(_TwoBranch(False))
+    assert branches_may_go_unused(_DistillLike(_TwoBranch(True)))  # distillation: the student's head
+    assert not branches_may_go_unused(_Toy())
+
+
+def test_ddp_head_branch_without_gradient_on_one_rank(tmp_path):
+    """An end2end model's one-to-one branch gets no gradient on rank 1's first step: DDP goes on (no hang,
+    no error at the next step) and the averaged gradients count rank 1's as 0; a model wrapped without
+    find_unused fails on such a step, so the case is real."""
+    mp.spawn(_unused_branch_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    assert r0["find_unused"] and r1["find_unused"]
+    for step in range(3):  # single-process gradients of each rank's half, averaged as DDP does
+        local = []
+        for r in (0, 1):
+            torch.manual_seed(0)
+            m = _TwoBranch(end2end=True)
+            _branch_loss(m(_branch_input(r)), one2one=not (r == 1 and step == 0)).backward()
+            local.append([p.grad if p.grad is not None else torch.zeros_like(p) for p in m.parameters()])
+        for g_ref0, g_ref1, g0, g1 in zip(*local, r0[step], r1[step]):
+            torch.testing.assert_close(g0, g1, rtol=0, atol=0)
+            torch.testing.assert_close(g0, (g_ref0 + g_ref1) / 2, rtol=1e-5, atol=1e-7)
+    for r in (r0, r1):
+        assert r["plain_error"] is not None and "finished reduction" in r["plain_error"], r["plain_error"]

@@ -68,3 +68,19 @@ def test_views_read_and_write_the_state_objects():
     assert t.state.epoch == 3 and t.parts.model is m and t.epochs == 7
     assert vars(t).keys() == {"state", "parts", "schedule", "args"}  # nothing landed on the trainer itself
     assert not hasattr(t, "nb")  # no schedule before setup
+
+
+def test_schedule_loss_epoch_reads_epochs_live():
+    seen = []
+
+    class E2E:
+        def set_epoch(self, epoch, epochs=None):
+            seen.append((epoch, epochs))
+
+    a = get_cfg(epochs=10)
+    s = Schedule(a, nb=3)
+    s.loss_epoch(E2E(), 0)
+    a.epochs = 12  # a time= run re-estimating its epochs: the next call carries the new count
+    s.loss_epoch(E2E(), 4)
+    s.loss_epoch(object(), 5)  # a loss without an epoch schedule: left alone
+    assert seen == [(0, 10), (4, 12)]

@@ -21,9 +21,16 @@ def lib():
 
 @pytest.fixture(
     scope="module",
-    params=[pytest.param("gpu", marks=pytest.mark.cuda), pytest.param("emu", marks=pytest.mark.slow)],
+    params=["cpp", pytest.param("gpu", marks=pytest.mark.cuda), pytest.param("emu", marks=pytest.mark.slow)],
 )
 def impl(request):
+    """One backend's kernels through their raw ops (``Impl``): "cpp" the C++ extension, "gpu" the CUDA one on
+    a GPU, "emu" the CUDA sources on the CPU emulation; the per-op tests that take it run on each."""
+    if request.param == "cpp":
+        ok, why = _build.extension_status("cpp")
+        if not ok:
+            pytest.skip(f"C++ extension unavailable ({why}); tests/ops/test_build.py reports the failure")
+        return Impl("cpp", "cpu", torch.ops.yolofast)
     if request.param == "gpu":
         if not HAS_GPU:
             pytest.skip("no CUDA device")

@@ -204,6 +204,42 @@ def ema_pair(n, dtype, seed, device):
     return ema.to(device), model.to(device)
 
 
+def small_loss_inputs(seed, B=2, img=160, C=20, fg_frac=0.3, dtype=torch.float32, device="cpu", R=16):
+    """Random logits; targets in grid units near each anchor (A = 525 anchors at 160 px): small enough for
+    Triton's interpreter. A list (tests replace single inputs)."""
+    g = torch.Generator().manual_seed(seed)
+    feats = [torch.zeros(1, 1, img // s, img // s) for s in (8, 16, 32)]
+    anc, _ = make_anchors(feats, [8, 16, 32])
+    A = anc.shape[0]
+    pred_dist = torch.randn(B, A, 4 * R, generator=g) * 2
+    pred_scores = torch.randn(B, A, C, generator=g) * 2
+    fg = torch.rand(B, A, generator=g) < fg_frac
+    ctr = anc + torch.randn(B, A, 2, generator=g)
+    wh = torch.rand(B, A, 2, generator=g) * 12 + 0.3  # some sides beyond reg_max - 1: clamped DFL targets
+    tb = torch.cat((ctr - wh / 2, ctr + wh / 2), -1)
+    ts = torch.rand(B, A, C, generator=g) * fg[..., None] * (torch.rand(B, A, C, generator=g) < 0.2)
+    cast = [t.to(dtype) for t in (pred_dist, pred_scores, anc, tb, ts)]
+    return [t.to(device) for t in cast] + [fg.to(device)]
+
+
+def small_assign_inputs(seed, B=2, img=160, C=20, M=12, pad=3, dtype=torch.float32):
+    """Random GTs (a few padding rows), predicted boxes around the anchors, random scores (A = 525 at 160)."""
+    g = torch.Generator().manual_seed(seed)
+    anc = anchors_px(img)
+    A = anc.shape[0]
+    ctr = torch.rand(B, M, 2, generator=g) * img
+    wh = torch.rand(B, M, 2, generator=g) ** 2 * img * 0.6 + 2  # many sides < 16 px: widened
+    gt = torch.cat((ctr - wh / 2, ctr + wh / 2), -1)
+    mask = torch.ones(B, M, 1)
+    mask[:, M - pad :] = 0
+    labels = torch.randint(0, C, (B, M, 1), generator=g).float()
+    pwh = torch.rand(B, A, 2, generator=g) * img * 0.4 + 4
+    pc = anc + torch.randn(B, A, 2, generator=g) * 8
+    pd = torch.cat((pc - pwh / 2, pc + pwh / 2), -1)
+    scores = torch.rand(B, A, C, generator=g)
+    return [scores.to(dtype), pd.to(dtype), anc.to(dtype), labels, gt.to(dtype), mask]
+
+
 # --------------------------------------------------------------------------------------- tolerance tables
 # tal_assign: integer outputs and boxes are compared exactly on every backend; target_scores to
 # (rtol, atol). The C++ kernel's overlaps and aligns are bit-identical to the reference's; on a GPU the

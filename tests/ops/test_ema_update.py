@@ -4,10 +4,13 @@ test_triton_ema_update.py."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from op_inputs import ema_pair
 
+from yolofast.ops import ema_update as public_ema_update
 from yolofast.ops import reference
 from yolofast.ops._backend import backend
 from yolofast.ops.reference import ema_update_ref
@@ -271,3 +274,119 @@ def test_ema_bad_arguments(impl):
         impl.ops.ema_update(ema.view(2, 5).t(), model.view(2, 5).t(), torch.tensor(0.5))
     with pytest.raises(RuntimeError, match="one value"):
         impl.ops.ema_update(ema, model, torch.tensor([0.5, 0.5]))
+
+
+# ------------------------------------------------------------------------------------ the Triton kernel
+# On the CPU through Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1 before any import),
+# the compiled kernel on a GPU; without triton these tests skip and the others run.
+try:
+    from yolofast.kernels import triton_status
+    from yolofast.kernels.ema_update import BLOCK as TRITON_EMA_BLOCK
+    from yolofast.kernels.ema_update import ema_update as triton_ema_update
+except ImportError as e:
+    NO_TRITON = f"triton is not importable: {e}"
+else:
+    NO_TRITON = ""
+TRITON_DEV = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
+NEEDS_TRITON = [
+    pytest.mark.triton,
+    pytest.mark.skipif(bool(NO_TRITON), reason=NO_TRITON or "triton present"),
+    pytest.mark.skipif(TRITON_DEV == "cuda" and not torch.cuda.is_available(),
+                       reason="Triton kernels need TRITON_INTERPRET=1 or a CUDA device"),
+]
+
+
+def triton_pair(n, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    ema = torch.randn(n, generator=g).to(dtype).to(TRITON_DEV)
+    model = (torch.randn(n, generator=g) * 3).to(dtype).to(TRITON_DEV)
+    return ema, model
+
+
+class TestTriton:
+    """The Triton ema_update (kernels/ema_update.py) against reference.ema_update_ref."""
+
+    pytestmark = NEEDS_TRITON
+
+    def test_status_reports_available(self):
+        ok, why = triton_status("ema_update")
+        assert ok, why
+        assert triton_status("nope")[0] is False
+
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+    @pytest.mark.parametrize(
+        "decay",
+        [0.9999, 0.3, torch.tensor(0.7), torch.tensor(0.993, dtype=torch.float64)],
+        ids=["float-near-1", "float-below-half", "f32-tensor", "f64-tensor"],
+    )
+    def test_matches_reference_bitwise(self, dtype, decay):
+        # N not a multiple of BLOCK: the masked tail must be updated and nothing past it touched
+        n = TRITON_EMA_BLOCK + 37
+        ema, model = triton_pair(n, dtype, seed=1)
+        expected = ema.clone()
+        ema_update_ref(expected, model, decay.to(TRITON_DEV) if isinstance(decay, torch.Tensor) else decay)
+        before = ema.clone()
+        triton_ema_update(ema, model, decay)
+        assert ema.dtype == dtype and ema.shape == (n,)
+        assert torch.equal(ema, expected), (ema.double() - expected.double()).abs().max()
+        assert not torch.equal(ema, before)
+
+    def test_float64_within_one_ulp(self):
+        # the interpreter's tl.fma rounds twice in float64 (no wider type to emulate it), so 1 ulp is allowed
+        ema, model = triton_pair(1000, torch.float64, seed=2)
+        expected = ema.clone()
+        ema_update_ref(expected, model, 0.99)
+        triton_ema_update(ema, model, 0.99)
+        torch.testing.assert_close(ema, expected, rtol=3e-16, atol=3e-16)
+
+    def test_extreme_decays_and_empty(self):
+        ema, model = triton_pair(100, torch.float32, seed=3)
+        e0 = ema.clone()
+        triton_ema_update(ema, model, 1.0)  # d = 1 keeps the EMA
+        assert torch.equal(ema, e0)
+        triton_ema_update(ema, model, 0.0)  # d = 0 copies the model
+        assert torch.equal(ema, model)
+        empty = torch.empty(0, device=TRITON_DEV)
+        triton_ema_update(empty, empty.clone(), 0.5)
+
+    def test_public_op_dispatches_to_triton(self):
+        ema, model = triton_pair(5000, torch.float32, seed=4)
+        expected = ema.clone()
+        decay = torch.tensor(0.9, device=TRITON_DEV)
+        ema_update_ref(expected, model, decay)
+        with backend("triton"):
+            public_ema_update(ema, model, decay)
+        assert torch.equal(ema, expected)
+
+    def test_bad_arguments_are_refused(self):
+        ema, model = triton_pair(10, torch.float32, seed=5)
+        with pytest.raises(ValueError, match="shape"):
+            triton_ema_update(ema, model[:5], 0.5)
+        with pytest.raises(TypeError, match="dtype"):
+            triton_ema_update(ema, model.double(), 0.5)
+
+    def test_opcheck(self):
+        # the fake-tensor and AOT checks need compiled (CUDA) kernels: wrap_triton cannot trace the
+        # interpreter
+        utils = ("test_schema", "test_autograd_registration") + (
+            () if TRITON_DEV == "cpu" else ("test_faketensor", "test_aot_dispatch_dynamic")
+        )
+        ema, model = triton_pair(1000, torch.float32, seed=6)
+        decay = torch.tensor(0.9, dtype=torch.float64, device=TRITON_DEV)
+        op = torch.ops.yolofast.ema_update_triton.default
+        torch.library.opcheck(op, (ema, model, decay), test_utils=utils)
+
+    @pytest.mark.skipif(TRITON_DEV == "cpu", reason="CUDA graphs need a GPU")
+    def test_cuda_graph_capture_reads_the_decay_on_the_device(self):
+        ema, model = triton_pair(10_000, torch.float32, seed=7)
+        decay = torch.tensor(0.5, dtype=torch.float64, device=TRITON_DEV)
+        triton_ema_update(ema, model, decay)  # compile + warm up outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            triton_ema_update(ema, model, decay)
+        for d in (0.9, 0.99):
+            decay.fill_(d)
+            expected = ema.clone()
+            ema_update_ref(expected, model, decay)
+            graph.replay()
+            assert torch.equal(ema, expected)

@@ -22,9 +22,21 @@ from pathlib import Path
 import pytest
 import torch
 from cuda_emulation import Impl, gpu
-from op_inputs import ALPHA, ASSIGN_SCORE_TOL, BETA, EPS, NAMES, TOPK, anchors_px, random_scene
+from op_inputs import (
+    ALPHA,
+    ASSIGN_SCORE_TOL,
+    BETA,
+    EPS,
+    NAMES,
+    TOPK,
+    anchors_px,
+    random_scene,
+    small_assign_inputs,
+)
 
 from yolofast.ops import reference
+from yolofast.ops import tal_assign as public_tal_assign
+from yolofast.ops._backend import backend
 from yolofast.ops.reference import tal_assign_ref
 
 
@@ -660,7 +672,12 @@ def test_tal_anchors_that_are_not_make_anchors_grid(impl, kind):
         _tal_check(impl, (scores, pd, anc, labels, gt, mask), topk=30)  # topk > A
 
 
-def test_tal_nan_predictions_hold_topk_slots_but_are_never_positive(impl):
+def test_tal_nan_predictions_hold_topk_slots_but_are_never_positive(impl, request):
+    if impl.name == "cpp":
+        # Found when these checks were parametrised over the C++ backend too: with NaN class scores its
+        # positives differ from the reference's (12 of 8400 anchors here; NaN boxes alone agree, see
+        # test_non_finite_boxes_follow_reference). Strict: the day the kernel agrees, this must go.
+        request.applymarker(pytest.mark.xfail(strict=True, reason="C++ tal_assign differs on NaN scores"))
     scores, pd, anc, labels, gt, mask = random_scene(20, B=1, M=8, pad=False)
     g = torch.Generator().manual_seed(1)
     A = scores.shape[1]
@@ -686,8 +703,9 @@ def test_tal_bad_arguments_raise_clear_errors(impl):
         impl.tal((scores, pd, anc, labels, gt, mask[:, :4]))
     with pytest.raises(RuntimeError, match="tal_assign: topk"):
         impl.tal((scores, pd, anc, labels, gt, mask), topk=-1)
-    with pytest.raises(RuntimeError, match="topk must be <= 1024"):
-        impl.tal((scores, pd, anc, labels, gt, mask), topk=5000)
+    if impl.name != "cpp":  # the CUDA kernel keeps each GT's top-k on chip; the C++ one has no such limit
+        with pytest.raises(RuntimeError, match="topk must be <= 1024"):
+            impl.tal((scores, pd, anc, labels, gt, mask), topk=5000)
 
 
 @gpu
@@ -707,3 +725,188 @@ def test_gpu_dense_scene_and_memory(cuda_ops):
     theirs = torch.cuda.max_memory_allocated() - base
     assert int(ref[3].sum()) > 1000
     assert ours * 20 < theirs, (ours, theirs)
+
+
+# ------------------------------------------------------------------------------------ the Triton kernel
+# On the CPU through Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1 before any import),
+# the compiled kernel on a GPU; without triton these tests skip and the others run.
+try:
+    from yolofast.kernels import _common, triton_status
+    from yolofast.kernels.tal_assign import tal_assign as triton_tal_assign
+except ImportError as e:
+    NO_TRITON = f"triton is not importable: {e}"
+else:
+    NO_TRITON = ""
+TRITON_DEV = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
+NEEDS_TRITON = [
+    pytest.mark.triton,
+    pytest.mark.skipif(bool(NO_TRITON), reason=NO_TRITON or "triton present"),
+    pytest.mark.skipif(TRITON_DEV == "cuda" and not torch.cuda.is_available(),
+                       reason="Triton kernels need TRITON_INTERPRET=1 or a CUDA device"),
+]
+
+
+def triton_check(inputs, min_fg=1, **kw):
+    inputs = [t.to(TRITON_DEV) for t in inputs]
+    out = triton_tal_assign(*inputs, **kw)
+    ref = tal_assign_ref(*inputs, **kw)
+    labels, boxes, scores, fg, idx = out
+    r_labels, r_boxes, r_scores, r_fg, r_idx = ref
+    assert fg.dtype == torch.bool and labels.dtype == idx.dtype == torch.int64
+    assert boxes.dtype == r_boxes.dtype and scores.dtype == r_scores.dtype
+    assert torch.equal(fg, r_fg), f"fg differs at {torch.nonzero(fg != r_fg)[:10].tolist()}"
+    assert torch.equal(idx, r_idx), f"target_gt_idx differs at {torch.nonzero(idx != r_idx)[:10].tolist()}"
+    assert torch.equal(labels, r_labels)
+    assert torch.equal(boxes, r_boxes)
+    # the float path differs only in atan/pow rounding (an ulp or so of align, see kernels/_common.py)
+    torch.testing.assert_close(scores, r_scores, rtol=1e-5, atol=1e-6)
+    assert int(r_fg.sum()) >= min_fg
+    return out
+
+
+# the fake-tensor and AOT checks trace the kernels through torch.library.wrap_triton, which needs real
+# (compiled) Triton kernels: on the interpreter only the eager checks apply
+TRITON_OPCHECK_UTILS = ("test_schema", "test_autograd_registration") + (
+    () if TRITON_DEV == "cpu" else ("test_faketensor", "test_aot_dispatch_dynamic")
+)
+
+
+class TestTriton:
+    """The Triton tal_assign (kernels/tal_assign.py): integer outputs exactly, scores to float rounding."""
+
+    pytestmark = NEEDS_TRITON
+
+    def test_status_reports_available(self):
+        ok, why = triton_status("tal_assign")
+        assert ok, why
+
+    @pytest.mark.parametrize("seed", [0, 1, 2])
+    def test_matches_reference(self, seed):
+        triton_check(small_assign_inputs(seed), min_fg=50)
+
+    def test_matches_reference_640px(self):
+        # A = 8400 anchors: large GTs span several tiles per level, so the top-k merges across tiles
+        triton_check(small_assign_inputs(3, B=1, img=640, M=16, pad=2, C=8), min_fg=50)
+
+    def test_float64_uses_the_two_pass_conflict_resolution(self):
+        triton_check(small_assign_inputs(4, dtype=torch.float64), min_fg=50)
+
+    def test_bf16_scores_give_bf16_targets(self):
+        inputs = small_assign_inputs(5)
+        inputs[0] = inputs[0].bfloat16()
+        out = triton_check(inputs, min_fg=50)
+        assert out[2].dtype == torch.bfloat16
+
+    def test_conflicts_go_to_the_best_overlap_then_the_lowest_gt(self):
+        # GT 1 is GT 0 shifted by a pixel, GT 2 an exact copy of GT 0: the same anchors are picked by several
+        # GTs; exact duplicates tie on overlap and must go to the lower index
+        inputs = small_assign_inputs(6, B=1, M=6, pad=1)
+        gt = inputs[4]
+        gt[0, 0] = torch.tensor([40.0, 40.0, 100.0, 90.0])
+        gt[0, 1] = gt[0, 0] + 1.0
+        gt[0, 2] = gt[0, 0]
+        out = triton_check(inputs, min_fg=10)
+        assert (out[4][out[3]] == 2).sum() == 0  # the duplicate never wins against GT 0
+
+    def test_topk_ties_go_to_the_lower_anchor_index(self):
+        # every anchor predicts the same box with the same score: all candidates of a GT tie on align
+        inputs = small_assign_inputs(7, B=1, M=4, pad=0)
+        A = inputs[0].shape[1]
+        inputs[1] = torch.tensor([30.0, 30.0, 110.0, 100.0]).expand(1, A, 4).clone()
+        inputs[0] = torch.full_like(inputs[0], 0.6)
+        inputs[4][0] = torch.tensor(
+            [
+                [20.0, 20.0, 100.0, 90.0],
+                [40.0, 30.0, 120.0, 110.0],
+                [10.0, 50.0, 90.0, 130.0],
+                [60.0, 60.0, 140.0, 140.0],
+            ]
+        )
+        out = triton_check(inputs, min_fg=10)
+        fg_idx = torch.nonzero(out[3][0] & (out[4][0] == 3)).flatten().tolist()
+        assert len(fg_idx) == 10 and fg_idx == sorted(fg_idx)
+
+    @pytest.mark.parametrize("topk", [1, 3, 13])
+    def test_other_topk(self, topk):
+        triton_check(small_assign_inputs(8, B=1), topk=topk)
+
+    def test_other_alpha_beta(self):
+        # non-shortcut exponents take the general pow path
+        triton_check(small_assign_inputs(9, B=1), alpha=1.3, beta=4.5)
+
+    def test_no_gt_slots(self):
+        inputs = small_assign_inputs(10, M=0, pad=0)
+        out = triton_check(inputs, min_fg=0)
+        assert (out[0] == inputs[0].shape[-1]).all()
+
+    def test_only_padding_and_out_of_image_gts(self):
+        inputs = small_assign_inputs(11, M=4, pad=2)
+        inputs[4][:, :2] = torch.tensor([500.0, 500.0, 600.0, 650.0])  # real GTs containing no anchor
+        out = triton_check(inputs, min_fg=0)
+        assert not out[3].any()
+        inputs = small_assign_inputs(12, M=4, pad=4)  # padding only
+        assert not triton_check(inputs, min_fg=0)[3].any()
+
+    def test_tiny_and_border_gts(self):
+        inputs = small_assign_inputs(13, B=1, M=5, pad=0)
+        inputs[4][0] = torch.tensor(
+            [
+                [10.0, 10.0, 12.0, 13.0],
+                [0.0, 0.0, 3.0, 3.0],
+                [150.0, 20.0, 160.0, 24.0],
+                [0.0, 0.0, 160.0, 160.0],
+                [64.0, 64.0, 64.0, 64.0],
+            ]
+        )
+        triton_check(inputs)
+
+    def test_anchors_that_are_not_a_grid_take_the_full_scan(self):
+        # shuffled anchors: the grid check fails and every GT scans all anchors; results must not change
+        inputs = small_assign_inputs(14)
+        perm = torch.randperm(inputs[2].shape[0], generator=torch.Generator().manual_seed(0))
+        inputs[2] = inputs[2][perm]
+        triton_check(inputs, min_fg=20)
+
+    def test_nan_predictions_take_topk_slots_but_are_never_positive(self):
+        # torch.sort puts NaN first, so NaN-align anchors use up top-k slots; a NaN overlap wins a conflict
+        inputs = small_assign_inputs(20, B=1, M=8, pad=0)
+        g = torch.Generator().manual_seed(1)
+        A = inputs[0].shape[1]
+        inputs[0][0, torch.rand(A, generator=g) < 0.1] = float("nan")
+        inputs[1][0, torch.rand(A, generator=g) < 0.05, 2] = float("nan")
+        triton_check(inputs, min_fg=10)
+
+    def test_every_output_element_is_written(self, monkeypatch):
+        monkeypatch.setattr(_common, "POISON", True)  # outputs start as NaN / -987654 / True
+        triton_check(small_assign_inputs(15), min_fg=50)
+
+    def test_public_op_dispatches_to_triton(self):
+        inputs = [t.to(TRITON_DEV) for t in small_assign_inputs(16, B=1)]
+        with backend("triton"):
+            out = public_tal_assign(*inputs)
+        for a, b in zip(out, triton_tal_assign(*inputs)):
+            assert torch.equal(a, b)
+
+    def test_shape_errors_name_the_argument(self):
+        inputs = small_assign_inputs(17, B=1)
+        with pytest.raises(ValueError, match="mask_gt"):
+            triton_tal_assign(*inputs[:5], inputs[5][:, :-1])
+        with pytest.raises(ValueError, match="exponent"):
+            triton_tal_assign(*inputs, beta=-1.0)
+
+    def test_opcheck(self):
+        inputs = [t.to(TRITON_DEV) for t in small_assign_inputs(18, B=2, img=64, M=4, pad=1)]
+        torch.library.opcheck(
+            torch.ops.yolofast.tal_assign_triton.default,
+            (*inputs, 10, 0.5, 6.0, 1e-9),
+            test_utils=TRITON_OPCHECK_UTILS,
+        )
+
+    @pytest.mark.skipif(
+        TRITON_DEV == "cpu", reason="torch.compile traces Triton kernels only when they are compiled (CUDA)"
+    )
+    def test_torch_compile_fullgraph_matches_eager(self):
+        inputs = [t.to(TRITON_DEV) for t in small_assign_inputs(19)]
+        compiled = torch.compile(triton_tal_assign, fullgraph=True)
+        for a, b in zip(compiled(*inputs), triton_tal_assign(*inputs)):
+            assert torch.equal(a, b)

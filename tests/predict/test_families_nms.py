@@ -121,3 +121,21 @@ def test_cli_predict_nms_false(tmp_path, capsys):
     rc = main(["predict", f"model={_need('yolo26n-rect3.pt')}", f"source={img}", "imgsz=224", "nms=False",
                f"project={tmp_path}", "save=False"])
     assert rc == 0 and "1 image(s) processed" in capsys.readouterr().out
+
+
+def test_validator_feeds_an_end2end_criterion_both_branches():
+    """Validation of a YOLO26 model with its criterion (as training validates): the loss gets both
+    branches' maps, under nms=None and nms=False."""
+    from yolofast.data import build_dataloader, build_dataset, check_data
+    from yolofast.loss import criterion_for
+    from yolofast.val import Validator
+
+    info = check_data(str(_need("rect3") / "data.yaml"))
+    ds = build_dataset(info["val"], imgsz=64, augment=False, stride=32, prefix="val: ", nc=3, batch_size=8,
+                       pad=0.5)
+    loader = build_dataloader(ds, 8, 0, shuffle=False)
+    torch.manual_seed(0)
+    m = build_model("yolo26n", nc=3)
+    out = [Validator(loader, info["names"], loss=criterion_for(m), progress=False, nms=nms)(m)
+           for nms in (None, False)]
+    assert out[0]["val/box_loss"] > 0 and out[0]["val/box_loss"] == out[1]["val/box_loss"]

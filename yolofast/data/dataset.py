@@ -395,6 +395,9 @@ class YOLODataset(Dataset):
             else None
         if self.augment_device:
             check_device_hyp(self.hyp)
+            if self.rect:
+                raise ValueError("augment_device renders square training images; rect=True needs the CPU "
+                                 "path: leave augment_device unset or set rect=False")
         self.cache = cache_mode(cache)
         if self.cache == "ram" and ram_cache_fits([lb["shape"] for lb in self.labels], imgsz, self.prefix):
             self._cache_images()

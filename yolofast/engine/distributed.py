@@ -35,7 +35,7 @@ import torch.distributed as dist
 __all__ = ["get_rank", "get_local_rank", "get_world_size", "is_main_process", "is_distributed",
            "unwrap_model", "init_distributed", "wrap_ddp", "rank0_broadcast", "broadcast_flag",
            "barrier", "destroy_distributed", "ddp_timeout", "restart_count", "gather_to_rank0",
-           "all_gather_objects", "PeerFailedError", "is_peer_failure"]
+           "all_gather_objects", "PeerFailedError", "is_peer_failure", "branches_may_go_unused"]
 
 # How a collective reports that the other end is gone (gloo's TCP pairs; NCCL's remote error / abort).
 _PEER_GONE = ("closed by peer", "reset by peer", "Broken pipe", "ncclRemoteError", "communicator was aborted")
@@ -142,16 +142,30 @@ def init_distributed(device: torch.device) -> torch.device:
     return device
 
 
-def wrap_ddp(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-    """DistributedDataParallel around ``model`` (already on ``device``); the model itself when not DDP."""
+def branches_may_go_unused(model: torch.nn.Module) -> bool:
+    """True for a model with a head branch that can get no gradient on a step: YOLO26's end-to-end head
+    (``end2end``), whose one-to-one branch learns from its own loss term only (YOLO11_YOLO26.md §4.4
+    "Gradients"). DDP waits for a gradient of every parameter: when one rank's step leaves a branch
+    without one, that rank never all-reduces the branch's bucket, the others wait in theirs (a hang until
+    the timeout) and the next step fails with "Expected to have finished reduction in the prior
+    iteration". Such models are wrapped with ``find_unused_parameters``: each step then walks the
+    autograd graph once and marks the parameters it did not reach as ready (their gradient counts as 0)."""
+    return bool(getattr(unwrap_model(model, student=True), "end2end", False))
+
+
+def wrap_ddp(model: torch.nn.Module, device: torch.device, find_unused: bool | None = None
+             ) -> torch.nn.Module:
+    """DistributedDataParallel around ``model`` (already on ``device``); the model itself when not DDP.
+    ``find_unused``: DDP's find_unused_parameters, by default ``branches_may_go_unused(model)``."""
     if not is_distributed():
         return model
     if next(model.parameters()).device != device:
         raise RuntimeError(f"wrap_ddp: move the model to {device} before wrapping it (DDP broadcasts rank "
                            "0's weights from the model's own device)")
     ids = [device.index] if device.type == "cuda" else None
+    unused = branches_may_go_unused(model) if find_unused is None else bool(find_unused)
     return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids, output_device=None if ids is None
-                                                     else ids[0])
+                                                     else ids[0], find_unused_parameters=unused)
 
 
 def rank0_broadcast(fn, *args, **kwargs):

@@ -7,6 +7,7 @@ lr factor ``lf``. The formulas are ``optim.py``'s; this object owns their inputs
     scheduler = schedule.lr_scheduler(optimizer)          # LambdaLR over lf, stepped once per epoch
     schedule.warmup(ni, epoch, optimizer)                 # per batch: lr, momentum and accumulate
     schedule.rebatch(nb)                                  # another batch size (AutoBatch, out of memory)
+    schedule.loss_epoch(criterion, epoch)                 # the loss weights' epoch (YOLO26's E2E loss)
 """
 
 from __future__ import annotations
@@ -76,3 +77,14 @@ class Schedule:
             optim.set_group_value(g, "lr", lr)
             if "momentum" in g:  # SGD/RMSProp only; Adam's beta1 stays `momentum`
                 g["momentum"] = mom
+
+    def loss_epoch(self, loss, epoch: int) -> None:
+        """Make ``epoch`` (0-based) the one whose loss weights apply, with ``epochs`` read now (a time= run
+        may change it): ``loss.set_epoch(epoch, epochs)``. YOLO26's end-to-end criterion weighs its
+        one-to-many and one-to-one branches by it (YOLO11_YOLO26.md §4.4); a loss without ``set_epoch``
+        has no epoch schedule and is left alone. The loop calls it with ``e + 1`` right after epoch e's
+        last batch (before on_train_epoch_end and validation), setup with ``start_epoch`` (0, or where a
+        resumed run goes on: a checkpoint holds no loss state, the epoch gives it)."""
+        set_epoch = getattr(loss, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch, self.epochs)

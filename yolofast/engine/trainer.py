@@ -297,6 +297,7 @@ class Trainer(RunViews):
         if self.resume_ckpt is not None:
             self.state = resume.restore(self, self._resume_state)  # model, EMA, optimizer, ..., RNG
             del self._resume_state
+        self.schedule.loss_epoch(p.criterion, self.state.start_epoch)  # the loss weights' epoch
         resume.check_ranks_agree(self)
 
     def _model_source(self):
@@ -322,6 +323,9 @@ class Trainer(RunViews):
             s.epoch = epoch
             self._start_epoch(epoch)
             self._train_epoch(epoch, t_start)
+            # Right after the epoch's last batch, before the epoch-end callbacks and validation: the loss
+            # weights of the next epoch (YOLO26's end-to-end criterion; no-op for the v8 loss).
+            self.schedule.loss_epoch(self.criterion, epoch + 1)
             s.lr = {f"lr/pg{j}": float(g["lr"]) for j, g in enumerate(self.optimizer.param_groups)}
             self.run_callbacks("on_train_epoch_end")
             self.scheduler.step()

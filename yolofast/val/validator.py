@@ -143,13 +143,16 @@ class Validator:
             if border:
                 img = torch.nn.functional.pad(img, (border,) * 4, value=114 / 255)
             t1 = clock()
-            nms_free = self.nms is False and getattr(model, "end2end", False)
+            e2e = bool(getattr(model, "end2end", False))  # YOLO26: one-to-one branches beside one-to-many
+            nms_free = self.nms is False and e2e
             with self._autocast():
-                feats, o2o = model.forward_heads(img) if nms_free else (model.forward_feats(img), None)
+                both = e2e and (nms_free or self.loss is not None)
+                feats, o2o = model.forward_heads(img) if both else (model.forward_feats(img), None)
             feats = [f.float() for f in feats]  # loss and box decoding in fp32 (pixel coords up to 640+)
             t2 = clock()
-            if self.loss is not None:
-                items = self.loss(feats, self._targets_to_device(batch))[1]
+            if self.loss is not None:  # an end2end criterion takes both branches' maps
+                preds = {"one2many": feats, "one2one": [f.float() for f in o2o]} if e2e else feats
+                items = self.loss(preds, self._targets_to_device(batch))[1]
                 loss_sum += items.detach().float().to(self.device)
             t3 = clock()
             if nms_free:

@@ -1,0 +1,18 @@
+"""``yolofast bench data``: the table it prints (no timings asserted)."""
+
+import yaml
+
+from yolofast.bench.cli import bench_main
+
+
+def test_bench_data_prints_rates_and_feed(tmp_path, split_factory, capsys):
+    split_factory(tmp_path, {f"im{i}": "0 0.5 0.5 0.5 0.5\n" for i in range(8)})
+    y = tmp_path / "d.yaml"
+    y.write_text(yaml.safe_dump(dict(path=str(tmp_path), train="images/train", val="images/train",
+                                     names={0: "a"})))
+    rc = bench_main(["data", "--data", str(y), "--imgsz", "64", "--blocks", "2", "--block-size", "4",
+                     "--no-ultralytics", "--batch", "2", "--workers", "4"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "training samples per second per core" in out and "yolofast" in out
+    assert "with workers=4" in out and "batch-2 train step faster than" in out
+    assert bench_main(["data", "--data", str(tmp_path / "missing.yaml")]) == 2
