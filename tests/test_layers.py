@@ -12,7 +12,7 @@ The layer order, bottom first (docs/layout.md states the same):
     (forms composed of torch ops) < ``_backend`` (which implementation runs) < the public wrappers
     (``tal_assign``, ``bbox_loss``, ``head_decode``, ``ema_update``) < the package ``yolofast.ops``
  4. ``yolofast.data``, ``yolofast.nn``, ``yolofast.loss`` (the model's ``loss()`` builds its criterion),
-    ``yolofast.predict.results`` (Results/Boxes, a leaf)
+    ``yolofast.optim`` (MuSGD: the optimizers over ops), ``yolofast.predict.results`` (Results/Boxes, a leaf)
  5. ``yolofast.io``, ``yolofast.export``
  6. ``yolofast.val``     7. ``yolofast.predict``     8. ``yolofast.engine``     9. ``yolofast.doctor``
 10. ``yolofast.model``, ``yolofast.bench``     11. ``yolofast`` (the package), ``yolofast.cli``,
@@ -43,7 +43,7 @@ LAYERS = [  # module-name prefixes, bottom first; a module takes the layer of it
     ("yolofast.ops.tal_assign", "yolofast.ops.bbox_loss", "yolofast.ops.head_decode",
      "yolofast.ops.ema_update"),
     ("yolofast.ops",),
-    ("yolofast.data", "yolofast.nn", "yolofast.loss", "yolofast.predict.results"),
+    ("yolofast.data", "yolofast.nn", "yolofast.loss", "yolofast.optim", "yolofast.predict.results"),
     ("yolofast.io", "yolofast.export"),
     ("yolofast.val",),
     ("yolofast.predict",),

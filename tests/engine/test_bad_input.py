@@ -108,7 +108,7 @@ def test_imgsz_not_multiple_of_32_names_nearest():
 
 
 def test_bad_arguments_fail_before_work(tmp_path):
-    names = r"valid names: yolov8n, yolov8s, yolov8m, yolov8l, yolov8x"
+    names = r"valid names: yolov8n, yolov8s, yolov8m, yolov8l, yolov8x, yolo11n, .*, yolo26x"
     with pytest.raises(CfgError, match=r"model='yolov9z' is not a known model; " + names):
         Trainer(model="yolov9z", data="/nowhere/at/all.yaml")
     with pytest.raises(CfgError, match=r"model='missing\.pt': checkpoint not found"):

@@ -72,3 +72,19 @@ def test_schedule_drives_the_e2e_weights():
     a.epochs = 300  # a time= run's new estimate reaches the criterion at the next call
     s.loss_epoch(loss, 150)
     assert loss.epochs == 300 and loss.weights == pytest.approx((0.448829, 0.551171), abs=1e-6)
+
+
+def test_yolo26_trains_with_the_scheduled_branch_weights(shapes, tmp_path):
+    """yolo26n through the Trainer: get_loss gives the end-to-end criterion, each epoch trains with §4.4's
+    weights for its index (2 epochs: 0.8/0.2, then 0.1/0.9), and the run writes its checkpoints."""
+    import math
+
+    seen = []
+    recipe = {**FAST, "model": "yolo26n"}
+    t = Trainer(data=shapes, epochs=2, project=tmp_path, name="y26", **recipe)
+    t.add_callback("on_train_epoch_start", lambda tr: seen.append(tr.criterion.weights))
+    metrics = t.train()
+    assert type(t.criterion).__name__ == "E2EDetectionLoss" and t.criterion.epoch == 2
+    assert seen == [pytest.approx((0.8, 0.2)), pytest.approx((0.1, 0.9))]
+    assert all(math.isfinite(v) for v in t.tloss.tolist()) and "fitness" in metrics
+    assert t.last.is_file()

@@ -130,9 +130,10 @@ def tal_assign(mod) -> list[tuple]:
             "C": "i32",
             "M": "i32",
         }
-        res_ce = dict(BLOCK=128, **metric)
+        res_ce = dict(BLOCK=128, DEFER=False, **metric)
         res_sig.update({k: "constexpr" for k in res_ce})
-        specs.append((mod._tal_resolve_kernel, res_sig, res_ce, exact))
+        for defer in (False, True):  # DEFER: a second top-k follows and takes the per-GT maxima itself
+            specs.append((mod._tal_resolve_kernel, res_sig, {**res_ce, "DEFER": defer}, exact))
         wr_sig = {
             "fg_ptr": "*i1",
             "tgi_ptr": "*i64",
@@ -152,4 +153,15 @@ def tal_assign(mod) -> list[tuple]:
         wr_ce = {"EPS": 1e-9, "F64": f64, "BLOCK": 128, "BLOCK_C": 32}
         wr_sig.update({k: "constexpr" for k in wr_ce})
         specs.append((mod._tal_write_kernel, wr_sig, wr_ce, exact))
+        # YOLO26's topk2 (only when topk2 differs from topk): k2 rounds of two steps, then the keep pass
+        t2_base = {"fg_ptr": "*i1", "tgi_ptr": "*i64", "sel_al_ptr": f"*{ct}"}
+        round_sig = {**t2_base, "t2al_ptr": "*i64", "t2a_ptr": "*i32", "A": "i32", "M": "i32", "BM": "i32",
+                     "r": "i32", "STEP": "constexpr", "F64": "constexpr", "BLOCK": "constexpr"}
+        for step in (0, 1):
+            ce = {"STEP": step, "F64": f64, "BLOCK": mod.BLOCK_A}
+            specs.append((mod._tal_topk2_round_kernel, round_sig, ce, exact))
+        keep_sig = {**t2_base, "sel_ov_ptr": f"*{ct}", "t2a_ptr": "*i32", "pal_ptr": "*i64",
+                    "pov_ptr": "*i64", "A": "i32", "M": "i32", "BM": "i32", "K2": "i32", "F64": "constexpr",
+                    "BLOCK": "constexpr"}
+        specs.append((mod._tal_topk2_keep_kernel, keep_sig, {"F64": f64, "BLOCK": mod.BLOCK_A}, exact))
     return specs

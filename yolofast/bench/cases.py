@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import math
 import os
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from collections.abc import Callable
 import torch
 
 from yolofast.bench import inputs as bench_inputs
+from yolofast.bench.case_types import Case, Variant
 from yolofast.bench.presets import Preset, get_preset
 
 __all__ = ["BACKENDS", "SLOWDOWN_ENV", "Case", "Variant", "build_cases", "op_availability", "slowdowns"]
@@ -31,32 +31,6 @@ _NEEDS = {
     "loss_step": ("tal_assign", "bbox_loss"),
     "musgd_step": ("ns_orthogonalize",),
 }
-
-
-@dataclasses.dataclass
-class Variant:
-    name: str  # a yolofast backend ("ref", "cpp", ...), "auto", or a baseline ("foreach_lerp", "copy")
-    fn: Callable[[], object] | None  # one unit of work; None when unavailable
-    reason: str = ""  # why unavailable, or what it is (baselines, auto's choice)
-    baseline: bool = False  # not a yolofast backend: shown for context, never compared or gated
-
-    @property
-    def available(self) -> bool:
-        return self.fn is not None
-
-
-@dataclasses.dataclass
-class Case:
-    preset: Preset
-    op: str
-    device: str
-    variants: list[Variant]
-    items_per_call: int = 0  # images per call (train_step): the runner reports images/s
-    what: str = ""  # one line: what a call does
-    split: Callable[[int], dict] | None = None  # train_step: split(n) -> seconds per phase of n auto steps
-
-    def variant(self, name: str) -> Variant | None:
-        return next((v for v in self.variants if v.name == name), None)
 
 
 def op_availability(op: str, name: str, device_type: str) -> tuple[bool, str]:

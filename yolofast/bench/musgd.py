@@ -84,7 +84,7 @@ def count_dispatches(step) -> collections.Counter:
 
 
 def _ultralytics_variant(model_name: str, seed: int, device: str):
-    from yolofast.bench.cases import Variant
+    from yolofast.bench.case_types import Variant
 
     try:
         from ultralytics.optim import MuSGD as UltralyticsMuSGD  # optional: the comparison only
@@ -97,7 +97,7 @@ def _ultralytics_variant(model_name: str, seed: int, device: str):
 
 def musgd_case(p, device: str, seed: int, backend_variants):
     """The bench Case of a ``musgd`` preset (see the module docstring)."""
-    from yolofast.bench.cases import Case, Variant
+    from yolofast.bench.case_types import Case, Variant
 
     def make_step():
         opt, _ = musgd_setup(p.model, seed, device)
