@@ -767,7 +767,7 @@ def aot_specs() -> list[tuple]:
             "C": "i32",
             "M": "i32",
         }
-        res_ce = dict(BLOCK=128, **metric)
+        res_ce = dict(BLOCK=128, DEFER=False, **metric)
         res_sig.update({k: "constexpr" for k in res_ce})
         specs.append((_tal_resolve_kernel, res_sig, res_ce, exact))
         wr_sig = {
@@ -789,4 +789,34 @@ def aot_specs() -> list[tuple]:
         wr_ce = {"EPS": 1e-9, "F64": f64, "BLOCK": 128, "BLOCK_C": 32}
         wr_sig.update({k: "constexpr" for k in wr_ce})
         specs.append((_tal_write_kernel, wr_sig, wr_ce, exact))
+        specs.append((_tal_resolve_kernel, res_sig, {**res_ce, "DEFER": True}, exact))
+        t2_sig = {
+            "fg_ptr": "*i1",
+            "tgi_ptr": "*i64",
+            "sel_al_ptr": f"*{ct}",
+            "t2al_ptr": "*i64",
+            "t2a_ptr": "*i32",
+            "A": "i32",
+            "M": "i32",
+            "BM": "i32",
+            "r": "i32",
+        }
+        for step in (0, 1):
+            ce = {"STEP": step, "F64": f64, "BLOCK": 128}
+            specs.append((_tal_topk2_round_kernel, t2_sig | dict.fromkeys(ce, "constexpr"), ce, exact))
+        keep_sig = {
+            "fg_ptr": "*i1",
+            "tgi_ptr": "*i64",
+            "sel_al_ptr": f"*{ct}",
+            "sel_ov_ptr": f"*{ct}",
+            "t2a_ptr": "*i32",
+            "pal_ptr": "*i64",
+            "pov_ptr": "*i64",
+            "A": "i32",
+            "M": "i32",
+            "BM": "i32",
+            "K2": "i32",
+        }
+        keep_ce = {"F64": f64, "BLOCK": 128}
+        specs.append((_tal_topk2_keep_kernel, keep_sig | dict.fromkeys(keep_ce, "constexpr"), keep_ce, exact))
     return specs
