@@ -86,8 +86,8 @@ _lib.define(
 )
 _lib.define(
     "bbox_loss_maps(Tensor[] feats, Tensor anchor_points, Tensor target_bboxes, Tensor target_scores, "
-    "Tensor fg_mask, int reg_max, bool compact=True, Tensor? target_labels=None, Tensor? weights=None) "
-    "-> (Tensor, Tensor[], Tensor, Tensor, Tensor)"
+    "Tensor fg_mask, int reg_max, bool compact=True, Tensor? target_labels=None, Tensor? weights=None, "
+    "Tensor? l1_scale=None) -> (Tensor, Tensor[], Tensor, Tensor, Tensor)"
 )
 _lib.define(
     "_bbox_loss_maps_scale(Tensor[] grad_cls, Tensor fg_rows, Tensor fg_index, Tensor c, int reg_max) "
@@ -180,7 +180,7 @@ def _maps_dtype(feats) -> torch.dtype:
 
 @torch.library.register_fake("yolofast::bbox_loss_maps", lib=_lib)
 def _bbox_loss_maps_fake(feats, anchor_points, target_bboxes, target_scores, fg_mask, reg_max, compact=True,
-                         target_labels=None, weights=None):
+                         target_labels=None, weights=None, l1_scale=None):
     dt = _maps_dtype(feats)
     B, no = feats[0].shape[:2]
     ch = no if weights is not None else no - 4 * reg_max  # the whole gradient, or the class channels'
@@ -351,19 +351,22 @@ def bbox_loss_maps(
     reg_max: int = 16,
     target_labels: Tensor | None = None,
     weights: Tensor | None = None,
+    l1_scale: Tensor | None = None,
 ) -> Tensor:
     """Compiled ``bbox_loss`` read from the head's maps in place: (3,) [L_box, L_cls, L_dfl], differentiable
     w.r.t. every map (the gradients, in the maps' layout, are computed in the forward pass). target_scores
     (B, A) per anchor with their classes in target_labels, or (B, A, C). weights (3,): the gradient the
     caller's backward will bring to the three losses; the forward then writes the final map gradients
-    (used in eager mode with per-anchor targets; traced code keeps the general layout)."""
+    (used in eager mode with per-anchor targets; traced code keeps the general layout). reg_max 1 (raw
+    distances, YOLO26): [L_box, L_cls, L_l1] with l1_scale (len(feats) + 2,) float64 = each map's stride
+    and the batch image's (H, W)."""
     _ensure_loaded()
     eager = _eager()
     if not eager or target_scores.dim() != 2:
         weights = None
     return torch.ops.yolofast.bbox_loss_maps(
         list(feats), anchor_points, target_bboxes, target_scores, fg_mask, int(reg_max), eager,
-        target_labels, weights,
+        target_labels, weights, l1_scale,
     )[0]
 
 

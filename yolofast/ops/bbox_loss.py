@@ -16,6 +16,9 @@ from yolofast.ops._backend import backend_name, implementation
 # reference whatever backend is selected or forced: a rule of this op, tested, not a fallback
 # (``reg_max_backend``). A kernel that implements it adds its backend's name here.
 REG_MAX1_BACKENDS = frozenset({"ref"})
+# The same for the maps form (bbox_loss_maps, what the loss calls): the C++ kernel reads reg_max 1 maps in
+# place (no cat), the CIoU, L1 and BCE gradients computed in the forward pass.
+REG_MAX1_MAPS_BACKENDS = frozenset({"ref", "cpp"})
 
 
 def reg_max_backend(name: str, reg_max: int) -> str:
@@ -96,15 +99,20 @@ def bbox_loss_maps(
     required, the image size is that of the first map times its stride; it runs where ``reg_max_backend``
     says.
     """
-    name = reg_max_backend(backend_name("bbox_loss", feats[0].device.type), reg_max)
+    name = backend_name("bbox_loss", feats[0].device.type)
+    if int(reg_max) == 1 and name not in REG_MAX1_MAPS_BACKENDS:
+        name = "ref"
     extra = {}
     if int(reg_max) == 1:
         extra = _l1_geometry(feats, strides)
     if name == "cpp":
         from yolofast.ops import _library
 
+        l1_scale = None
+        if int(reg_max) == 1:  # each map's stride, then the batch image's (H, W)
+            l1_scale = torch.tensor([*map(float, strides), *extra["img_hw"]], dtype=torch.float64)
         return _library.bbox_loss_maps(feats, anchor_points, target_bboxes, target_scores, fg_mask, reg_max,
-                                       target_labels, weights)
+                                       target_labels, weights, l1_scale)
     if target_scores.dim() == 2:
         target_scores = dense_target_scores(target_scores, target_labels, feats[0].shape[1] - 4 * reg_max)
     pred_dist, pred_scores = maps_to_rows(feats, reg_max)

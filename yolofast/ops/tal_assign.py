@@ -79,9 +79,8 @@ def tal_assign_maps(
     ``bbox_loss_maps(..., target_labels=...)`` takes it as it is (the C++ backend never writes the zeros).
     """
     name = topk2_backend(backend_name("tal_assign", feats[0].device.type), topk, topk2)
-    # The C++ maps kernel takes reg_max >= 2 (DFL heads); a reg_max 1 head (YOLO26) is assigned by the
-    # same backend's (B, A, C) form below, after one cat of the class logits.
-    if name == "cpp" and int(reg_max) >= 2:
+    # The C++ maps kernel reads the class logits in place for any reg_max (1: YOLO26's raw distances).
+    if name == "cpp":
         from yolofast.ops import _library
 
         return _library.tal_assign_maps(feats, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk,
