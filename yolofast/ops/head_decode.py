@@ -37,13 +37,16 @@ def head_decode(feats, strides, reg_max: int = 16, scores: bool = True):
 
     dt = torch.float64 if any(f.dtype == torch.float64 for f in feats) else torch.float32
     feats = [f.detach().to(dt) for f in feats]
-    pred_dist, pred_scores = maps_to_rows(feats, reg_max)
     anchor_points, stride_tensor = make_anchors(feats, strides, 0.5)
     if reg_max == 1:  # YOLO11_YOLO26.md §3.4: the box in grid units, then x stride (the loss's own order)
         from yolofast.ops.reference import bbox_decode
 
+        # Only the 4 distance channels are gathered: the loss's call (scores=False) skipped a cat of all
+        # B*A*(4 + nc) logits (b16/320: 2.8M values per branch) that it never read.
+        pred_dist = torch.cat([f[:, :4].flatten(2) for f in feats], 2).transpose(1, 2)
         boxes = bbox_decode(pred_dist, anchor_points) * stride_tensor
-        return (pred_scores.sigmoid() if scores else None), boxes
+        return (maps_to_rows(feats, reg_max)[1].sigmoid() if scores else None), boxes
+    pred_dist, pred_scores = maps_to_rows(feats, reg_max)
     prob = pred_dist.unflatten(-1, (4, reg_max)).softmax(-1)
     bins = torch.arange(reg_max, dtype=prob.dtype, device=prob.device)
     # A matmul with the bin values, not (prob * bins).sum(-1): that materialises a (B, A, 4, R) product
