@@ -27,7 +27,11 @@ import sys
 import time
 import types
 
-from bench_loss_vs_ultralytics import SHAPES, make_inputs
+from bench_loss_vs_ultralytics import SHAPES as V8_SHAPES
+from bench_loss_vs_ultralytics import make_inputs
+
+# The YOLO26 goals' shapes: the v8 comparison's three and the dense scene (b2, 640 px, 1000 GT).
+SHAPES = {**V8_SHAPES, "b2-640-1000gt": (2, 640, 1000)}
 
 NC, STRIDES, EPOCHS = 80, (8, 16, 32), 100
 BRANCHES = ("one2many", "one2one")
@@ -63,6 +67,25 @@ def yolofast_step(maps, padded, backend_name: str | None):
                 f.grad = None
         with backend(backend_name) if backend_name else contextlib.nullcontext():
             total, items = crit(leaves, padded)
+        total.backward()
+        return items
+
+    return step
+
+
+def v8_step(batch: int, imgsz: int, n_gt: int):
+    """Our v8 loss step (DetectionLoss, reg_max 16, one head) at the same shape and GT: what a YOLO26 step
+    (two heads) is compared with."""
+    from yolofast.loss import DetectionLoss
+
+    maps, padded, _ = make_inputs(batch, imgsz, n_gt)
+    leaves = [m.clone().requires_grad_(True) for m in maps]
+    crit = DetectionLoss(NC, strides=STRIDES)
+
+    def step():
+        for f in leaves:
+            f.grad = None
+        total, items = crit(leaves, padded)
         total.backward()
         return items
 
@@ -107,7 +130,7 @@ def ultralytics_step(maps, flat):
     return step
 
 
-def run(shape: str, variants: list[str], rounds: int) -> dict[str, float]:
+def run(shape: str, variants: list[str], rounds: int, peak: bool = False) -> dict[str, float]:
     import torch
 
     batch, imgsz, n_gt = SHAPES[shape]
@@ -116,9 +139,11 @@ def run(shape: str, variants: list[str], rounds: int) -> dict[str, float]:
     for v in variants:
         if v == "ultralytics":
             steps[v] = ultralytics_step(maps, flat)
+        elif v == "v8":
+            steps[v] = v8_step(batch, imgsz, n_gt)
         else:
             steps[v] = yolofast_step(maps, padded, "ref" if v == "reference" else None)
-    items = {v: [round(float(x), 5) for x in fn()] for v, fn in steps.items()}  # warm-up + the check
+    items = {v: [round(float(x), 5) for x in fn()] for v, fn in steps.items() if v != "v8"}  # + the check
     print(f"{shape}: one-to-one items [box, cls, l1] " + "; ".join(f"{v} {it}" for v, it in items.items()),
           flush=True)
     times = {v: [] for v in variants}
@@ -131,9 +156,19 @@ def run(shape: str, variants: list[str], rounds: int) -> dict[str, float]:
     out = {v: statistics.median(a / b for a, b in zip(times[v], times["yolofast"])) for v in variants
            if v != "yolofast"}
     cols = "  ".join(f"{v} {med[v] * 1e3:.1f} ms" for v in variants)
-    vs = "  ".join(f"yolofast {out[v]:.2f}x faster than {v}" for v in out)
+    vs = "  ".join(f"yolofast {out[v]:.2f}x faster than {v}" for v in out if v != "v8")
+    if "v8" in out:  # the ratio v8 / yolofast26 per round: its inverse is what the YOLO26 step costs
+        vs += f"  YOLO26 step = {1 / out['v8']:.2f}x our v8 step"
     print(f"{shape}: {torch.get_num_threads()} thread(s), {rounds} rounds, median  {cols}\n    {vs}",
           flush=True)
+    if peak:
+        from yolofast.bench.runner import _peak_one_call_cpu
+
+        mb = {v: _peak_one_call_cpu(fn) for v, fn in steps.items()}
+        line = "  ".join(f"{v} {m:.1f} MB" for v, m in mb.items() if m is not None)
+        if mb.get("ultralytics") and mb.get("yolofast"):
+            line += f"  Ultralytics / yolofast {mb['ultralytics'] / max(mb['yolofast'], 0.1):.1f}x"
+        print(f"{shape}: peak memory of one call above the resident set  {line}", flush=True)
     return out
 
 
@@ -144,6 +179,11 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="b16-320-20gt", help=f"comma list of {', '.join(SHAPES)}")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7)")
+    ap.add_argument("--no-reference", action="store_true",
+                    help="skip the reference path (seconds per call in the dense scenes)")
+    ap.add_argument("--v8", action="store_true",
+                    help="also time our v8 loss step (DetectionLoss, reg_max 16)")
+    ap.add_argument("--peak", action="store_true", help="also the peak memory of one call of each variant")
     args = ap.parse_args(argv)
     import torch
 
@@ -152,7 +192,7 @@ def main(argv=None) -> int:
     bad = [s for s in shapes if s not in SHAPES]
     if bad:
         ap.error(f"--shapes: unknown {bad}; choose from {', '.join(SHAPES)}")
-    variants = ["yolofast", "reference"]
+    variants = ["yolofast"] + ([] if args.no_reference else ["reference"]) + (["v8"] if args.v8 else [])
     if args.ultralytics:
         try:
             import ultralytics  # noqa: F401
@@ -163,7 +203,7 @@ def main(argv=None) -> int:
         variants.append("ultralytics")
         torch.set_num_threads(args.threads)  # importing ultralytics may set OMP_NUM_THREADS
     for s in shapes:
-        run(s, variants, args.rounds)
+        run(s, variants, args.rounds, args.peak)
     return 0
 
 

@@ -42,6 +42,7 @@ DEFAULT_KEYS = (
     "loss-b8-640-50gt/tal_assign",
     "loss-b8-640-50gt/bbox_loss",
     "loss-b8-640-50gt/loss_step",
+    "loss26-b8-640-50gt/loss26_step",
     "assign-dense-b1-640-500gt/tal_assign",
     "ema-yolov8s/ema_update",
     "musgd-yolo26n/musgd_step",

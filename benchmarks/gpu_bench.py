@@ -157,6 +157,28 @@ def implementations(op: str, device_type: str) -> list[tuple[str, object, str]]:
 
 
 # ------------------------------------------------------------------------------------------------ timing
+def _run_topk2(rows, dt, label, a_args):
+    """tal_assign as YOLO26's one-to-one branch calls it (top-k 7, then topk2 1) on every backend."""
+    ref_out, ref_ms = None, None
+    for name, fn, note in implementations("tal_assign", dt):
+        if fn is None:
+            rows.append(("tal_assign topk2", label, name, f"n/a: {note}", None, None, "-"))
+            continue
+        try:
+            with torch.no_grad():
+                call = lambda fn=fn: fn(*a_args[:6], 7, 0.5, 6.0, 1e-9, topk2=1)  # noqa: E731
+                out = call()
+                ref_out = out if name == "ref" else ref_out
+                agree = "reference" if name == "ref" else _agree_tal(out, ref_out)
+                ms, peak, reps = measure(call, dt, warmup=1 if name == "ref" else 2)
+            ref_ms = ms if name == "ref" else ref_ms
+            rows.append(("tal_assign topk2", label, name, f"{reps} reps", ms, peak, agree, ref_ms))
+        except Exception as e:  # noqa: BLE001
+            msg = "OOM" if _is_oom(e) else f"failed: {type(e).__name__}: {str(e)[:120]}"
+            rows.append(("tal_assign topk2", label, name, msg, None, None, "-"))
+        _free(dt)
+
+
 def _sync(device_type):
     if device_type == "cuda":
         torch.cuda.synchronize()
@@ -251,6 +273,7 @@ def run_scene(rows, device, B, imgsz, nc, n_gt, seed=0):
             msg = "OOM" if _is_oom(e) else f"failed: {type(e).__name__}: {str(e)[:120]}"
             rows.append(("tal_assign", label, name, msg, None, None, "-"))
         _free(dt)
+    _run_topk2(rows, dt, label, a_args)
     # --- bbox_loss, forward + backward
     if assigned is None:
         rows.append(("bbox_loss", label, "-", "no assignment to build targets from", None, None, "-"))

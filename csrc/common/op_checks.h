@@ -140,7 +140,8 @@ struct BboxLossMapsInputs {
 inline std::vector<at::Tensor> head_maps(at::TensorList feats, int64_t reg_max, int64_t max_reg_max,
                                          const char* op, bool& f64) {
   TORCH_CHECK(!feats.empty(), op, ": feats must hold at least one (B, 4*reg_max + C, H, W) map");
-  TORCH_CHECK(reg_max >= 2 && reg_max <= max_reg_max, op, ": reg_max must be in [2, ", max_reg_max, "], got ",
+  // reg_max 1: raw distances (YOLO26); the class channels start at 4 either way.
+  TORCH_CHECK(reg_max >= 1 && reg_max <= max_reg_max, op, ": reg_max must be in [1, ", max_reg_max, "], got ",
               reg_max);
   const int64_t B = feats[0].size(0), no = feats[0].dim() == 4 ? feats[0].size(1) : -1;
   f64 = false;

@@ -46,6 +46,9 @@ struct LossLevel {
   // gradient map, box * k[0] + DFL * k[2] (0 off the foreground); compact rows are still written.
   const T* k = nullptr;
   Strided<T> gmap;
+  // reg_max 1 (YOLO26): the 4 channels are raw distances and the third loss is L1 of the distances x the
+  // level's stride over the batch image's width / height (reference.bbox_loss_ref); DFL otherwise.
+  T l1_stride = T(0), l1_w = T(0), l1_h = T(0);
 };
 
 // Where box_dfl_group writes one lane's box and DFL gradient rows (channel stride sc).
@@ -85,6 +88,43 @@ inline Vec<T> d_max(const Vec<T>& a, const Vec<T>& b) {
   return Vec<T>::blendv(tie, Vec<T>(T(1)), a > b);
 }
 
+// reg_max 1: the end of box_dfl_group for raw distances E (the box gradient gE is then the distances'
+// own) and the L1 term instead of DFL: t = (ax - x1, ay - y1, x2 - ax, y2 - ay) unclamped, d = p*s/D - t*s/D
+// per side (D = image W for l, r and H for t, b), l1 = mean |d| (in the reference's order: l, t, r, b);
+// gradient of l1 * w: w/4 * sign(d) * s/D (abs' subgradient 0 at 0, as autograd's). lane[0..6] = ax, ay,
+// X1, Y1, X2, Y2, w; lane[7] the box losses.
+template <typename T>
+void box_l1_tail(const LossLevel<T>& L, const Vec<T> gE[4], const Vec<T> E[4], T (*lane)[Vec<T>::size()], int n,
+                 const GradRows<T>& out, double& lbox, double& ll1) {
+  using V = Vec<T>;
+  constexpr int W = V::size();
+  const V zero(T(0)), one(T(1)), four(T(4)), s(L.l1_stride);
+  const V ax = V::loadu(lane[0]), ay = V::loadu(lane[1]);
+  const V X1 = V::loadu(lane[2]), Y1 = V::loadu(lane[3]), X2 = V::loadu(lane[4]), Y2 = V::loadu(lane[5]);
+  const V w = V::loadu(lane[6]);
+  const V td[4] = {ax - X1, ay - Y1, X2 - ax, Y2 - ay};
+  const V D[4] = {V(L.l1_w), V(L.l1_h), V(L.l1_w), V(L.l1_h)};
+  const V cd = w / four;
+  alignas(64) T gb[4][W], gl[4][W];
+  V l1 = zero;
+  for (int k = 0; k < 4; ++k) {
+    const V d = (E[k] * s) / D[k] - (td[k] * s) / D[k];
+    l1 = l1 + d.abs();
+    const V sign = V::blendv(V::blendv(zero, one, d > zero), one.neg(), d < zero);
+    ((cd * sign) * s / D[k]).store(gl[k]);
+    gE[k].store(gb[k]);
+  }
+  ((l1 / four) * w).store(lane[8]);
+  for (int l = 0; l < n; ++l) {
+    lbox += double(lane[7][l]);
+    ll1 += double(lane[8][l]);
+    for (int k = 0; k < 4; ++k) {
+      out.box[l][k * out.sc] = gb[k][l];
+      out.dfl[l][k * out.sc] = gl[k][l];
+    }
+  }
+}
+
 // Box (CIoU) and DFL losses of up to W = Vec<T>::size() foreground anchors idx[0..n) of level L in image
 // b, one per lane, and their gradients (unnormalised: of (1 - CIoU)*w and mean_sides(dfl)*w), written to
 // out's rows. w[l] is the anchor's weight sum_c target_scores. Unused lanes compute on a dummy
@@ -117,7 +157,8 @@ void box_dfl_group(const LossLevel<T>& L, const LossTargets<T>& tg, int64_t b, c
   }
 
   V E[4], base[4];
-  for (int k = 0; k < 4; ++k) {
+  for (int k = 0; k < 4 && R == 1; ++k) E[k] = V::loadu(z + k * W);  // raw distances: no softmax
+  for (int k = 0; k < 4 && R > 1; ++k) {
     const T* zk = z + k * R * W;
     T* pk = p + k * R * W;
     V mx = V::loadu(zk);
@@ -196,6 +237,7 @@ void box_dfl_group(const LossLevel<T>& L, const LossTargets<T>& tg, int64_t b, c
   g_y2 = g_y2 + g_h1;
   g_y1 = g_y1 - g_h1;
   const V gE[4] = {g_x1.neg(), g_y1.neg(), g_x2, g_y2};
+  if (R == 1) return box_l1_tail<T>(L, gE, E, lane, n, out, lbox, ldfl);
   for (int k = 0; k < 4; ++k)
     for (int j = 0; j < R; ++j) {
       const int ch_ = (k * R + j) * W;

@@ -210,9 +210,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bbox_loss
 std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor, at::Tensor> bbox_loss_maps_cpu(
     at::TensorList feats, const at::Tensor& anchor_points, const at::Tensor& target_bboxes,
     const at::Tensor& target_scores, const at::Tensor& fg_mask, int64_t reg_max, bool compact,
-    const std::optional<at::Tensor>& target_labels, const std::optional<at::Tensor>& weights) {
+    const std::optional<at::Tensor>& target_labels, const std::optional<at::Tensor>& weights,
+    const std::optional<at::Tensor>& l1_scale) {
   const auto in = yolofast_checks::bbox_loss_maps_inputs(feats, anchor_points, target_bboxes, target_scores,
                                                           fg_mask, reg_max, kMaxRegMax, target_labels);
+  // reg_max 1: l1_scale = (stride of each map, H, W of the batch image) for the L1 term.
+  const int64_t n_maps = static_cast<int64_t>(in.maps.size());
+  TORCH_CHECK(reg_max != 1 || (l1_scale.has_value() && l1_scale->numel() == n_maps + 2),
+              "yolofast::bbox_loss_maps: reg_max 1 needs l1_scale (", n_maps + 2, ",) = the stride of each map "
+              "and the batch image's (H, W), to normalise the L1 distances");
+  std::vector<double> l1s;
+  if (reg_max == 1) {
+    const at::Tensor t = l1_scale->to(at::kCPU, at::kDouble).contiguous();
+    l1s.assign(t.const_data_ptr<double>(), t.const_data_ptr<double>() + t.numel());
+  }
   const int64_t B = in.B, R4 = 4 * reg_max, C = in.C, A = in.A, no = R4 + C;
   const bool final_grads = weights.has_value();
   TORCH_CHECK(!final_grads || (in.lab.defined() && weights->numel() == 3),
@@ -286,6 +297,9 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor, at::Tens
       }
       write_compact<T>(L, fr, compact);
       L.n = hw, L.a0 = level_a0[l];
+      if (reg_max == 1)  // Python floats enter the reference's float32 arithmetic rounded to T; so here
+        L.l1_stride = static_cast<T>(l1s[l]), L.l1_h = static_cast<T>(l1s[n_maps]),
+        L.l1_w = static_cast<T>(l1s[n_maps + 1]);
       levels.push_back(L);
     }
     LossTargets<T> tg = targets_of<T>(in.anc, in.tb, in.ts, in.fg, static_cast<int>(reg_max));

@@ -93,6 +93,8 @@ void decode_block(const T* map, int64_t sb, int64_t sc, int64_t Wd, int64_t i0, 
 std::tuple<at::Tensor, at::Tensor> decode(at::TensorList feats, at::ArrayRef<double> strides, int64_t reg_max,
                                           bool with_scores) {
   bool f64 = false;
+  TORCH_CHECK(reg_max >= 2, "yolofast::head_decode: the C++ decode is DFL's (reg_max >= 2), got reg_max ", reg_max,
+              "; reg_max 1 maps hold the distances themselves (reference.bbox_decode)");
   const auto maps = yolofast_checks::head_maps(feats, reg_max, kMaxRegMax, "yolofast::head_decode", f64);
   TORCH_CHECK(strides.size() == maps.size(), "yolofast::head_decode: got ", maps.size(), " maps but ",
               strides.size(), " strides; pass one stride per map");

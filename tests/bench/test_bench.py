@@ -69,7 +69,7 @@ def test_unknown_preset_lists_the_names():
 def test_default_preset_sets_per_device():
     cpu = presets_for("all", "cpu")
     assert cpu and all(p.device == "cpu" and not p.name.startswith("tiny") for p in cpu)
-    assert {p.kind for p in presets_for("ops", "cpu")} == {"loss", "assign", "ema", "musgd"}
+    assert {p.kind for p in presets_for("ops", "cpu")} == {"loss", "assign", "ema", "musgd", "loss26"}
     assert [p.kind for p in presets_for("step", "cpu")] == ["step"]
     gpu = presets_for("ops", "cuda")
     assert gpu and all(p.device == "cuda" for p in gpu)

@@ -253,9 +253,12 @@ def test_tiny_gt_enlarged_to_16px_gives_a_negative_l1_target():
 
 def test_routing_rule_sends_the_new_arguments_to_the_reference(monkeypatch):
     assert _TA.topk2_backend("cpp", 10, None) == "cpp" and _TA.topk2_backend("cpp", 7, 7) == "cpp"
-    assert _TA.topk2_backend("cpp", 7, 1) == "ref" and _TA.topk2_backend("triton", 7, 1) == "ref"
+    # every assigner kernel implements topk2
+    assert _TA.topk2_backend("cpp", 7, 1) == "cpp" and _TA.topk2_backend("triton", 7, 1) == "triton"
     assert _BL.reg_max_backend("cpp", 16) == "cpp" and _BL.reg_max_backend("cuda", 1) == "ref"
-    # the plug-in point: a backend listed as implementing the argument keeps the call
+    # the plug-in point: a backend not listed as implementing the argument sends the call to the reference
+    monkeypatch.setattr(_TA, "TOPK2_BACKENDS", frozenset({"ref"}))
+    assert _TA.topk2_backend("cpp", 7, 1) == "ref"
     monkeypatch.setattr(_TA, "TOPK2_BACKENDS", frozenset({"ref", "cpp"}))
     monkeypatch.setattr(_BL, "REG_MAX1_BACKENDS", frozenset({"ref", "cpp"}))
     assert _TA.topk2_backend("cpp", 7, 1) == "cpp" and _BL.reg_max_backend("cpp", 1) == "cpp"
@@ -289,7 +292,7 @@ def test_wrappers_with_topk2_and_reg_max_1_equal_the_reference(be):
         maps_out = tal_assign_maps(feats, pd_px, anc * st, lab, gt, mask, 7, topk2=1, reg_max=1)
         for got, exp in zip(maps_out, ref):
             assert torch.equal(got, exp)
-        # without topk2, reg_max 1 maps are assigned by the selected backend's (B, A, C) form: same values
+        # without topk2, reg_max 1 maps are assigned by the selected backend (C++: read in place): same values
         o2m = tal_assign_maps(feats, pd_px, anc * st, lab, gt, mask, 10, reg_max=1)
         o2m_ref = tal_assign_ref(ps.sigmoid(), pd_px, anc * st, lab, gt, mask, 10)
         assert torch.equal(o2m[3], o2m_ref[3]) and torch.equal(o2m[4], o2m_ref[4])

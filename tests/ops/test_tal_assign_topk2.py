@@ -41,7 +41,12 @@ def _triton():
     pytest.importorskip("triton")
     from yolofast.kernels.tal_assign import tal_assign
 
-    return lambda args, topk, topk2: tal_assign(*args, topk, ALPHA, BETA, EPS, topk2=topk2)
+    def call(args, topk, topk2):
+        return tal_assign(*args, topk, ALPHA, BETA, EPS, topk2=topk2)
+
+    call.device = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
+    return call
+
 
 
 def _emu():
@@ -56,18 +61,34 @@ def _emu():
     return lambda args, topk, topk2: op(*args, topk, ALPHA, BETA, EPS, topk2)
 
 
+def _gpu():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    import yolofast.ops._library  # noqa: F401 - the schemas (and the CUDA kernels, when built)
+
+    def call(args, topk, topk2):
+        return torch.ops.yolofast.tal_assign(*args, topk, ALPHA, BETA, EPS, topk2)
+
+    call.device = "cuda"  # the reference runs there too: the same CUDA atan/pow as the kernel
+    return call
+
+
 @pytest.fixture(
     scope="module",
     params=[
-        "cpp", pytest.param("triton", marks=pytest.mark.triton), pytest.param("emu", marks=pytest.mark.slow),
+        "cpp",
+        pytest.param("triton", marks=pytest.mark.triton),
+        pytest.param("emu", marks=pytest.mark.slow),
+        pytest.param("gpu", marks=pytest.mark.cuda),
     ],
 )
 def run(request):
-    return {"cpp": _cpp, "triton": _triton, "emu": _emu}[request.param]()
+    return {"cpp": _cpp, "triton": _triton, "emu": _emu, "gpu": _gpu}[request.param]()
 
 
 def check(run, args, topk=TOPK, topk2=1, score_rtol=1e-5, score_atol=1e-7):
-    """The kernel's outputs against the reference's; returns the reference's."""
+    """The kernel's outputs against the reference's on the kernel's device; returns the reference's."""
+    args = tuple(a.to(getattr(run, "device", "cpu")) for a in args)
     ref = tal_assign_ref(*args, topk=topk, alpha=ALPHA, beta=BETA, eps=EPS, topk2=topk2)
     out = run(args, topk, topk2)
     for name, r, o in zip(NAMES, ref, out):
@@ -110,7 +131,7 @@ def test_topk2_above_one_and_above_topk(run, topk2):
 
 
 def test_topk2_equal_to_topk_is_off(run):
-    args = _small(50, 30)
+    args = tuple(a.to(getattr(run, "device", "cpu")) for a in _small(50, 30))
     off = tal_assign_ref(*args, topk=TOPK, alpha=ALPHA, beta=BETA, eps=EPS)
     out = run(args, TOPK, TOPK)
     for name, r, o in zip(NAMES, off, out):
@@ -168,7 +189,7 @@ def test_float64(run):
 
 def test_negative_topk2_is_refused(run):
     with pytest.raises((RuntimeError, ValueError), match="topk2"):
-        run(_small(63, 3), TOPK, -1)
+        run(tuple(a.to(getattr(run, "device", "cpu")) for a in _small(63, 3)), TOPK, -1)
 
 
 def test_maps_variant_with_topk2():

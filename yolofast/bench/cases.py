@@ -30,6 +30,7 @@ _NEEDS = {
     "ema_update": ("ema_update",),
     "loss_step": ("tal_assign", "bbox_loss"),
     "musgd_step": ("ns_orthogonalize",),
+    "loss26_step": ("tal_assign", "bbox_loss"),
 }
 
 
@@ -182,6 +183,47 @@ def _loss_cases(p: Preset, device: str, seed: int, backends, ops) -> list[Case]:
     return cases
 
 
+def _e2e_feats(li) -> list[torch.Tensor]:
+    """reg_max 1 head maps (B, 4 + C, H_i, W_i) of the same predictions: the DFL expectation of each side
+    as the raw distance, then the class logits."""
+    from yolofast.ops.reference import bbox_decode
+
+    zero = torch.zeros(1, 2, dtype=li.pred_dist.dtype, device=li.pred_dist.device)
+    ltrb = bbox_decode(li.pred_dist, zero)  # (-l, -t, r, b) about a zero anchor
+    dist = torch.cat((-ltrb[..., :2], ltrb[..., 2:]), -1)
+    pred = torch.cat((dist, li.pred_scores), -1).transpose(1, 2)  # (B, 4 + C, A)
+    out, a0 = [], 0
+    for h, w in li.level_shapes:
+        out.append(pred[..., a0 : a0 + h * w].reshape(pred.shape[0], pred.shape[1], h, w).contiguous())
+        a0 += h * w
+    return out
+
+
+def _loss26_case(p: Preset, device: str, seed: int, backends) -> Case:
+    """YOLO26's loss step: E2EDetectionLoss (one-to-many top-k 10, one-to-one top-k 7 + topk2 1, reg_max 1)
+    on both branches' maps, forward + backward."""
+    from yolofast.loss import E2EDetectionLoss
+
+    li = bench_inputs.loss_inputs(p, seed, device)
+    crit = E2EDetectionLoss(p.nc)
+    batch = li.batch()
+    base = _e2e_feats(li)
+
+    def make_step():
+        preds = {k: [f.clone().requires_grad_(True) for f in base] for k in ("one2many", "one2one")}
+
+        def run():
+            for fs in preds.values():
+                for f in fs:
+                    f.grad = None
+            crit(preds, batch)[0].backward()
+
+        return run
+
+    return Case(p, "loss26_step", device, _backend_variants("loss26_step", device, make_step, backends),
+                what="E2EDetectionLoss (YOLO26, both heads: decode, assign, losses) forward + backward")
+
+
 def _ema_case(p: Preset, device: str, seed: int, backends) -> Case:
     from yolofast.ops import ema_update
 
@@ -286,6 +328,8 @@ def build_cases(preset, device: str = "cpu", seed: int = 0, backends=None, ops=N
     ops = tuple(ops or p.ops)
     if p.kind in ("loss", "assign"):
         return _loss_cases(p, device, seed, backends, ops)
+    if p.kind == "loss26":
+        return [_loss26_case(p, device, seed, backends)] if "loss26_step" in ops else []
     if p.kind == "ema":
         return [_ema_case(p, device, seed, backends)] if "ema_update" in ops else []
     if p.kind == "step":

@@ -21,8 +21,10 @@ __all__ = ["PRESETS", "KINDS", "Preset", "get_preset", "list_presets", "presets_
 #   step:   a whole train step of a real model (forward, DetectionLoss, backward, optimizer, EMA)
 #   musgd:  one MuSGD optimizer step over a real model's parameters and fixed random gradients (plus
 #           Ultralytics' MuSGD where it is importable, and the step's matmuls alone as plain torch.bmm)
+#   loss26: loss26_step (YOLO26's E2EDetectionLoss: both heads' assignments + losses, fwd + bwd, reg_max 1)
 KINDS = {
     "loss": ("tal_assign", "bbox_loss", "loss_step"),
+    "loss26": ("loss26_step",),
     "assign": ("tal_assign",),
     "ema": ("ema_update",),
     "step": ("train_step",),
@@ -59,7 +61,7 @@ class Preset:
         return 16 * max(-(-self.n_gt // 16), 1)
 
     def describe(self) -> str:
-        if self.kind in ("loss", "assign"):
+        if self.kind in ("loss", "assign", "loss26"):
             shape = f"B={self.batch}, {self.imgsz} px (A={self.n_anchors}), C={self.nc}, {self.n_gt} GT/img"
         elif self.kind in ("ema", "musgd"):
             shape = f"{self.model} state"
@@ -86,11 +88,18 @@ _ALL = [
            note="goals: >= 2x Ultralytics' MuSGD (native bf16 CPU), <= 1.3x its matmuls alone"),
     Preset("musgd-yolo26s", "musgd", model="yolo26s",
            note="goals: >= 2x Ultralytics' MuSGD (native bf16 CPU), <= 1.3x its matmuls alone"),
+    # --- CPU: YOLO26's loss step (both heads); the shapes of its goals vs Ultralytics' E2ELoss ------------
+    Preset("loss26-b8-640-50gt", "loss26", 8, 640, 80, 50, gate=True,
+           note="YOLO26 loss step (one-to-many + one-to-one), gate shape"),
+    Preset("loss26-b16-320-20gt", "loss26", 16, 320, 80, 20),
+    Preset("loss26-b4-640-200gt", "loss26", 4, 640, 80, 200),
+    Preset("loss26-b2-640-1000gt", "loss26", 2, 640, 80, 1000),
     # --- CPU: smaller shapes for the 1-thread CI gate (under 3 minutes on 2 cores in all) ----------------
     Preset("assign-dense-b1-640-500gt", "assign", 1, 640, 80, 500, gate=True,
            note="a dense scene small enough for the CI gate"),
     # --- tiny shapes for tests and smoke runs ------------------------------------------------------------
     Preset("tiny-loss", "loss", 2, 128, 4, 6, note="tests/smoke only"),
+    Preset("tiny-loss26", "loss26", 2, 128, 4, 6, note="tests/smoke only"),
     Preset("tiny-ema", "ema", model="tiny", note="tests/smoke only: a 3-tensor state"),
     Preset("tiny-step", "step", 2, 64, 4, 3, model="yolov8n", note="tests/smoke only"),
     # --- CUDA: B=16/64, 640 px, 80 classes, 50 and 1000 GT/img (DESIGN §7) --------------------------------
@@ -100,6 +109,8 @@ _ALL = [
     Preset("gpu-loss-b16-640-1000gt", "loss", 16, 640, 80, 1000, device="cuda"),
     Preset("gpu-loss-b64-640-1000gt", "loss", 64, 640, 80, 1000, device="cuda",
            note="goal: assigner >= 50x faster and >= 50x less memory"),
+    Preset("gpu-loss26-b16-640-50gt", "loss26", 16, 640, 80, 50, device="cuda",
+           note="YOLO26 loss step: the assigner with topk2, reg_max 1 losses"),
     Preset("gpu-ema-yolov8s", "ema", model="yolov8s", device="cuda"),
     Preset("gpu-step-yolov8n-640-b64", "step", 64, 640, 80, 8, model="yolov8n", device="cuda",
            note="DESIGN §7: images/s, backend ref vs auto"),
@@ -129,7 +140,7 @@ def presets_for(what: str, device: str = "cpu", names=None) -> list[Preset]:
     names: explicit preset names (any kind: an explicit choice wins over ``what``), else the default set:
     every preset of the device except the tiny ones and the ~10 GB 5000-GT scene.
     """
-    kinds = {"ops": ("loss", "assign", "ema", "musgd"), "step": ("step",), "all": tuple(KINDS)}
+    kinds = {"ops": ("loss", "assign", "ema", "musgd", "loss26"), "step": ("step",), "all": tuple(KINDS)}
     if what not in kinds:
         raise ValueError(f"benchmark {what!r} is not one of ops, step, all")
     if names:

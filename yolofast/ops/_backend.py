@@ -50,9 +50,10 @@ _COMPILED = {
     ("head_decode.boxes", "cpp"): "head_decode_boxes",
     ("ns_orthogonalize", "cpp"): "ns_orthogonalize",
 }
-# Compiled forms that read the head's maps with DFL bins: reg_max >= 2 only; a reg_max 1 head (YOLO26: raw
-# distances) gets the composed form on the same backend.
-_DFL_ONLY = frozenset({"tal_assign.maps", "bbox_loss.maps", "head_decode", "head_decode.boxes"})
+# Compiled forms that decode the head's maps with DFL bins: reg_max >= 2 only; a reg_max 1 head (YOLO26: raw
+# distances) gets the composed form on the same backend. The C++ tal_assign.maps and bbox_loss.maps read
+# reg_max 1 maps in place too (bbox_loss.maps then takes the L1 geometry as l1_scale).
+_DFL_ONLY = frozenset({"head_decode", "head_decode.boxes"})
 # Ops with a reference in reference.py (<op>_ref) and a Triton kernel (yolofast.kernels.<op>); head_decode
 # has neither: off the CPU kernel it is torch ops (_composed.head_decode) on every backend.
 _REFERENCE_OPS = ("tal_assign", "bbox_loss", "ema_update", "ns_orthogonalize")
@@ -168,7 +169,7 @@ def implementation(op: str, name: str, reg_max: int | None = None) -> Callable:
     op returns it), with the signature of ``reference.<op>_ref`` (ops) or of the public variant's
     wrapper: ``_library``'s compiled callable (cpp, cuda), ``reference.<op>_ref`` (ref),
     ``yolofast.kernels.<op>.<op>`` (triton), or else ``_composed``'s form over the op on that backend.
-    ``reg_max``: the head's bins per side, for the forms that read the maps (the compiled ones take >= 2)."""
+    ``reg_max``: the head's bins per side, for the forms that read the maps (compiled decodes: >= 2)."""
     base = VARIANTS.get(op, op)
     if base not in OPS or name not in BACKENDS:
         raise ValueError(f"implementation: no op {op!r} on backend {name!r}; ops {OPS} and their variants "

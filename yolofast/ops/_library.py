@@ -110,20 +110,38 @@ def bbox_loss_maps(
     reg_max: int = 16,
     target_labels: Tensor | None = None,
     weights: Tensor | None = None,
+    l1_scale: Tensor | None = None,
+    stride_tensor: Tensor | None = None,
+    img_hw: tuple[float, float] | None = None,
 ) -> Tensor:
     """Compiled ``bbox_loss`` read from the head's maps in place: (3,) [L_box, L_cls, L_dfl], differentiable
     w.r.t. every map (the gradients, in the maps' layout, are computed in the forward pass). target_scores
     (B, A) per anchor with their classes in target_labels, or (B, A, C). weights (3,): the gradient the
     caller's backward will bring to the three losses; the forward then writes the final map gradients
-    (used in eager mode with per-anchor targets; traced code keeps the general layout)."""
+    (used in eager mode with per-anchor targets; traced code keeps the general layout). reg_max 1 (raw
+    distances, YOLO26): [L_box, L_cls, L_l1] with l1_scale (len(feats) + 2,) float64 = each map's stride
+    and the batch image's (H, W), or built here from the torch forms' geometry (stride_tensor (A, 1),
+    img_hw), as ``bbox_loss_maps`` hands it to every backend."""
     _ensure_loaded()
+    if l1_scale is None and stride_tensor is not None and img_hw is not None:
+        l1_scale = _l1_scale(feats, stride_tensor, img_hw)
     eager = _eager()
     if not eager or target_scores.dim() != 2:
         weights = None
     return torch.ops.yolofast.bbox_loss_maps(
         list(feats), anchor_points, target_bboxes, target_scores, fg_mask, int(reg_max), eager,
-        target_labels, weights,
+        target_labels, weights, l1_scale,
     )[0]
+
+
+def _l1_scale(feats: list[Tensor], stride_tensor: Tensor, img_hw) -> Tensor:
+    """(len(feats) + 2,) float64: each map's stride (its first anchor's in stride_tensor), then (H, W)."""
+    starts, a = [], 0
+    for f in feats:
+        starts.append(a)
+        a += f.shape[2] * f.shape[3]
+    strides = stride_tensor.reshape(-1)[starts].to(device="cpu", dtype=torch.float64)
+    return torch.cat((strides, torch.tensor([float(img_hw[0]), float(img_hw[1])], dtype=torch.float64)))
 
 
 def head_decode(feats: list[Tensor], strides, reg_max: int = 16) -> tuple[Tensor, Tensor]:

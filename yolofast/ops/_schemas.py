@@ -24,7 +24,7 @@ Ops (tensor shapes as in ``reference.py``):
       bbox_loss.rows' backward (CPU) in one pass: fg_rows[:, 0]*c[0] + fg_rows[:, 1]*c[2] at the foreground
       anchors, 0 elsewhere, and grad_scores*c[1].
   bbox_loss_maps(feats, anchor_points, target_bboxes, target_scores, fg_mask, reg_max, compact=True,
-                 target_labels=None, weights=None)
+                 target_labels=None, weights=None, l1_scale=None)
       -> (losses (3,), grad_cls [(B, C, H_i, W_i)], fg_rows (N, 2, 4R), fg_index (N,) int64, inv_s ())
       the same loss read from the Detect head's per-level maps (B, 4R+C, H_i, W_i) in place (anchors level
       by level, pixel h*W_i + w): grad_cls is the gradient of S*L_cls in the maps' layout, fg_rows those of
@@ -37,6 +37,8 @@ Ops (tensor shapes as in ``reference.py``):
       losses; grad_cls
       is then each map's whole final gradient (B, 4R+C, H_i, W_i) of weights . losses, which backward
       hands on as it is when that gradient arrives (once), and rescales otherwise.
+      reg_max 1 (raw distances, YOLO26): losses are [L_box, L_cls, L_l1] with l1_scale (len(feats) + 2,)
+      float64 = each map's stride and the batch image's (H, W).
   _bbox_loss_maps_scale(grad_cls, fg_rows, fg_index, c, reg_max) -> [(B, 4R+C, H_i, W_i)]
       bbox_loss_maps' backward (CPU): each map's gradient written once, class channels grad_cls*c[1], box
       channels fg_rows[:, 0]*c[0] + fg_rows[:, 1]*c[2] at the foreground anchors and 0 elsewhere.
@@ -88,8 +90,8 @@ _lib.define(
 )
 _lib.define(
     "bbox_loss_maps(Tensor[] feats, Tensor anchor_points, Tensor target_bboxes, Tensor target_scores, "
-    "Tensor fg_mask, int reg_max, bool compact=True, Tensor? target_labels=None, Tensor? weights=None) "
-    "-> (Tensor, Tensor[], Tensor, Tensor, Tensor)"
+    "Tensor fg_mask, int reg_max, bool compact=True, Tensor? target_labels=None, Tensor? weights=None, "
+    "Tensor? l1_scale=None) -> (Tensor, Tensor[], Tensor, Tensor, Tensor)"
 )
 _lib.define(
     "_bbox_loss_maps_scale(Tensor[] grad_cls, Tensor fg_rows, Tensor fg_index, Tensor c, int reg_max) "
@@ -183,7 +185,7 @@ def _maps_dtype(feats) -> torch.dtype:
 
 @torch.library.register_fake("yolofast::bbox_loss_maps", lib=_lib)
 def _bbox_loss_maps_fake(feats, anchor_points, target_bboxes, target_scores, fg_mask, reg_max, compact=True,
-                         target_labels=None, weights=None):
+                         target_labels=None, weights=None, l1_scale=None):
     dt = _maps_dtype(feats)
     B, no = feats[0].shape[:2]
     ch = no if weights is not None else no - 4 * reg_max  # the whole gradient, or the class channels'

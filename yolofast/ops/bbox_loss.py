@@ -19,6 +19,9 @@ __all__ = ["bbox_loss", "bbox_loss_maps", "dense_target_scores", "maps_to_rows"]
 # reference whatever backend is selected or forced: a rule of this op, tested, not a fallback
 # (``reg_max_backend``). A kernel that implements it adds its backend's name here.
 REG_MAX1_BACKENDS = frozenset({"ref"})
+# The same for the maps form (bbox_loss_maps, what the loss calls): the C++ kernel reads reg_max 1 maps in
+# place (no cat), the CIoU, L1 and BCE gradients computed in the forward pass.
+REG_MAX1_MAPS_BACKENDS = frozenset({"ref", "cpp"})
 
 
 def reg_max_backend(name: str, reg_max: int) -> str:
@@ -71,10 +74,12 @@ def bbox_loss_maps(
     Returns (3,) [L_box, L_cls, L_dfl], differentiable w.r.t. every map. The C++ backend reads the maps in
     place (no cat, no transpose, the gradients written in the maps' layout); the others cat first.
     reg_max 1: [L_box, L_cls, L_l1] (``reference.bbox_loss_ref``); strides (one per map, pixels) are then
-    required, the image size is that of the first map times its stride; it runs where ``reg_max_backend``
-    says.
+    required, the image size is that of the first map times its stride; it runs on the selected backend
+    if that is in ``REG_MAX1_MAPS_BACKENDS``, else on the reference.
     """
-    name = reg_max_backend(backend_name("bbox_loss", feats[0].device.type), reg_max)
+    name = backend_name("bbox_loss", feats[0].device.type)
+    if int(reg_max) == 1 and name not in REG_MAX1_MAPS_BACKENDS:
+        name = "ref"
     extra = _l1_geometry(feats, strides) if int(reg_max) == 1 else {}
     impl = implementation("bbox_loss.maps", name, reg_max)
     return impl(feats, anchor_points, target_bboxes, target_scores, fg_mask, reg_max, target_labels, weights,

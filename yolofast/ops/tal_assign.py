@@ -11,11 +11,10 @@ import torch
 
 from yolofast.ops._backend import backend_name, implementation
 
-# Backends whose tal_assign kernels implement ``topk2`` (YOLO26's second top-k, YOLO11_YOLO26.md §4.3).
-# The C++/CUDA/Triton kernels do not take the argument yet, so a call with topk2 (other than None or topk)
-# runs the reference whatever backend is selected or forced: a rule of this op, tested, not a fallback
-# (``topk2_backend``). A kernel that implements topk2 adds its backend's name here.
-TOPK2_BACKENDS = frozenset({"ref"})
+# Backends whose tal_assign kernels implement ``topk2`` (YOLO26's second top-k, YOLO11_YOLO26.md §4.3):
+# all of them. A backend outside this set would run a call with topk2 (other than None or topk) on the
+# reference (``topk2_backend``), a rule of this op, tested, not a fallback.
+TOPK2_BACKENDS = frozenset({"ref", "cpp", "cuda", "triton"})
 
 
 def _second_topk_on(topk: int, topk2: int | None) -> bool:
@@ -81,8 +80,8 @@ def tal_assign_maps(
     """
     name = topk2_backend(backend_name("tal_assign", feats[0].device.type), topk, topk2)
     extra = {"topk2": int(topk2)} if _second_topk_on(topk, topk2) else {}
-    # The C++ maps kernel takes reg_max >= 2 (DFL heads); for a reg_max 1 head (YOLO26) implementation()
-    # hands out the same backend's (B, A, C) form after one cat of the class logits.
+    # The C++ maps kernel reads the class logits in place for any reg_max (1: YOLO26's raw distances); the
+    # other backends get the (B, A, C) form after one cat of the class logits.
     impl = implementation("tal_assign.maps", name, reg_max)
     return impl(feats, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, alpha, beta, eps, reg_max,
                 dense_scores, **extra)
