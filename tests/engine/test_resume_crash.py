@@ -2,6 +2,7 @@
 weights of an uninterrupted run; truncated/foreign checkpoints and resume-argument rules."""
 
 import copy
+import re
 import subprocess
 import sys
 import textwrap
@@ -163,8 +164,11 @@ def test_resume_argument_rules(one_epoch_run):
     assert (a.batch, a.patience, a.val, a.save_period, a.time, a.plots, a.epochs) == (4, 5, False, 1, 1.0,
                                                                                       True, 5)
     assert a.imgsz == 64 and a.resume == path
-    # recipe changes are refused, each named with the run's value
-    with pytest.raises(CfgError, match=r"refused: lr0=0\.1 \(run has 0\.01\), imgsz=128 \(run has 64\)"):
+    # recipe changes are refused, each named with the run's value (lr0 as optimizer=auto recorded it:
+    # AdamW's round(0.01 / (4 + nc), 6) for this short run, written to args.yaml like Ultralytics does)
+    assert a.optimizer == "AdamW" and a.lr0 != 0.1
+    lr0 = re.escape(str(a.lr0))
+    with pytest.raises(CfgError, match=rf"refused: lr0=0\.1 \(run has {lr0}\), imgsz=128 \(run has 64\)"):
         Trainer(resume=path, lr0=0.1, imgsz=128)
     with pytest.raises(CfgError, match="epochs may only be extended"):
         Trainer(resume=path, epochs=1)
