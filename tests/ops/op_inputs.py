@@ -8,7 +8,9 @@ that every backend (C++, Triton interpreter, CUDA emulator, a GPU) is checked on
 from __future__ import annotations
 
 import math
+import os
 
+import pytest
 import torch
 
 from yolofast.boxes import make_anchors
@@ -248,3 +250,19 @@ def small_assign_inputs(seed, B=2, img=160, C=20, M=12, pad=3, dtype=torch.float
 ASSIGN_SCORE_TOL = {"cpp": (1e-6, 1e-10), "gpu": (1e-6, 1e-10), "emu": (1e-5, 1e-7)}
 # bbox_loss: losses to rtol, gradients elementwise to rtol with an absolute floor of rtol x the largest entry.
 LOSS_RTOL = {"cpp": 1e-5, "gpu": 1e-5, "emu": 1e-5, "float64": 1e-12}
+
+
+# ------------------------------------------------------------------------------------ Triton kernels
+# On the CPU through Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1 before any import),
+# the compiled kernel on a GPU; without triton these tests skip and the others run.
+TRITON_DEV = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
+
+
+def needs_triton(no_triton: str) -> list:
+    """The marks of a Triton kernel test; ``no_triton``: why the module's kernel import failed, or ""."""
+    return [
+        pytest.mark.triton,
+        pytest.mark.skipif(bool(no_triton), reason=no_triton or "triton present"),
+        pytest.mark.skipif(TRITON_DEV == "cuda" and not torch.cuda.is_available(),
+                           reason="Triton kernels need TRITON_INTERPRET=1 or a CUDA device"),
+    ]

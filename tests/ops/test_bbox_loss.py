@@ -4,17 +4,17 @@ the Triton kernel: test_triton_bbox_loss.py. Inputs and tolerances: op_inputs.py
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from op_inputs import (
     REG_MAX,
+    TRITON_DEV,
     anchors_640,
     assert_matches,
     dfl_edge_inputs,
     losses_and_grads,
     make_inputs,
+    needs_triton,
     small_loss_inputs,
 )
 
@@ -368,8 +368,7 @@ def test_loss_bad_shapes_raise_clear_errors(impl):
 
 
 # ------------------------------------------------------------------------------------ the Triton kernel
-# On the CPU through Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1 before any import),
-# the compiled kernel on a GPU; without triton these tests skip and the others run.
+# On the CPU through Triton's interpreter, the compiled kernel on a GPU (op_inputs.needs_triton).
 try:
     from yolofast.kernels import _common, triton_status
     from yolofast.kernels.bbox_loss import bbox_loss as triton_bbox_loss
@@ -377,13 +376,7 @@ except ImportError as e:
     NO_TRITON = f"triton is not importable: {e}"
 else:
     NO_TRITON = ""
-TRITON_DEV = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
-NEEDS_TRITON = [
-    pytest.mark.triton,
-    pytest.mark.skipif(bool(NO_TRITON), reason=NO_TRITON or "triton present"),
-    pytest.mark.skipif(TRITON_DEV == "cuda" and not torch.cuda.is_available(),
-                       reason="Triton kernels need TRITON_INTERPRET=1 or a CUDA device"),
-]
+NEEDS_TRITON = needs_triton(NO_TRITON)
 
 
 def triton_loss_inputs(seed, **kw):

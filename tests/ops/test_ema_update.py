@@ -4,11 +4,9 @@ test_triton_ema_update.py."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
-from op_inputs import ema_pair
+from op_inputs import TRITON_DEV, ema_pair, needs_triton
 
 from yolofast.ops import ema_update as public_ema_update
 from yolofast.ops import reference
@@ -277,8 +275,7 @@ def test_ema_bad_arguments(impl):
 
 
 # ------------------------------------------------------------------------------------ the Triton kernel
-# On the CPU through Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1 before any import),
-# the compiled kernel on a GPU; without triton these tests skip and the others run.
+# On the CPU through Triton's interpreter, the compiled kernel on a GPU (op_inputs.needs_triton).
 try:
     from yolofast.kernels import triton_status
     from yolofast.kernels.ema_update import BLOCK as TRITON_EMA_BLOCK
@@ -287,13 +284,7 @@ except ImportError as e:
     NO_TRITON = f"triton is not importable: {e}"
 else:
     NO_TRITON = ""
-TRITON_DEV = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
-NEEDS_TRITON = [
-    pytest.mark.triton,
-    pytest.mark.skipif(bool(NO_TRITON), reason=NO_TRITON or "triton present"),
-    pytest.mark.skipif(TRITON_DEV == "cuda" and not torch.cuda.is_available(),
-                       reason="Triton kernels need TRITON_INTERPRET=1 or a CUDA device"),
-]
+NEEDS_TRITON = needs_triton(NO_TRITON)
 
 
 def triton_pair(n, dtype, seed):

@@ -29,7 +29,9 @@ from op_inputs import (
     EPS,
     NAMES,
     TOPK,
+    TRITON_DEV,
     anchors_px,
+    needs_triton,
     random_scene,
     small_assign_inputs,
 )
@@ -728,8 +730,7 @@ def test_gpu_dense_scene_and_memory(cuda_ops):
 
 
 # ------------------------------------------------------------------------------------ the Triton kernel
-# On the CPU through Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1 before any import),
-# the compiled kernel on a GPU; without triton these tests skip and the others run.
+# On the CPU through Triton's interpreter, the compiled kernel on a GPU (op_inputs.needs_triton).
 try:
     from yolofast.kernels import _common, triton_status
     from yolofast.kernels.tal_assign import tal_assign as triton_tal_assign
@@ -737,13 +738,7 @@ except ImportError as e:
     NO_TRITON = f"triton is not importable: {e}"
 else:
     NO_TRITON = ""
-TRITON_DEV = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
-NEEDS_TRITON = [
-    pytest.mark.triton,
-    pytest.mark.skipif(bool(NO_TRITON), reason=NO_TRITON or "triton present"),
-    pytest.mark.skipif(TRITON_DEV == "cuda" and not torch.cuda.is_available(),
-                       reason="Triton kernels need TRITON_INTERPRET=1 or a CUDA device"),
-]
+NEEDS_TRITON = needs_triton(NO_TRITON)
 
 
 def triton_check(inputs, min_fg=1, **kw):
