@@ -58,7 +58,6 @@ KNOWN_BAD = {  # (importer, imported): lazy imports, each with what it reads
     ("yolofast.predict.predictor", "yolofast.engine.trainer"),  # increment_path (the run-folder rule)
     ("yolofast.val.validator", "yolofast.engine.trainer"),  # increment_path
     ("yolofast.val.validator", "yolofast.engine.checkpoint"),  # load_checkpoint of the weights to validate
-    ("yolofast.nn.blocks", "yolofast.nn.attention"),  # a cycle: attention's blocks are built of blocks.Conv
 }
 
 

@@ -10,7 +10,8 @@ plus resized_shape list[(h,w)] and ratio_pad list (val: ((r, r), (padw, padh)) w
 from yolofast.data.augment import letterbox
 from yolofast.data.collate import collate_fn, pad_targets
 from yolofast.data.config import DataError, check_data
-from yolofast.data.dataset import YOLODataset, img2label_paths
+from yolofast.data.dataset import YOLODataset
+from yolofast.data.labels import img2label_paths
 from yolofast.data.loader import build_dataloader, build_dataset
 from yolofast.data.shapes import SHAPE_NAMES, make_shapes
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from yolofast.nn.blocks import Conv
+from yolofast.nn.conv import Conv
 
 
 class Attention(nn.Module):

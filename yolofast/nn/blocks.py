@@ -1,5 +1,6 @@
-"""Building blocks of the YOLOv8/YOLO11/YOLO26 backbones and necks: Conv, DWConv, Bottleneck, C2f, C3k,
-C3k2, SPPF, Concat, Upsample (the attention blocks are in ``yolofast.nn.attention``).
+"""Building blocks of the YOLOv8/YOLO11/YOLO26 backbones and necks: Bottleneck, C2f, C3k, C3k2, SPPF,
+Concat, Upsample (Conv and DWConv are in ``yolofast.nn.conv``, re-exported here; the attention blocks are
+in ``yolofast.nn.attention``).
 
 Submodule names (conv/bn, cv1/cv2, m) follow the usual YOLOv8 state-dict layout so that a state dict
 saved by another YOLOv8 implementation with the same architecture maps key for key.
@@ -7,60 +8,17 @@ saved by another YOLOv8 implementation with the same architecture maps key for k
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-# YOLOv8's BatchNorm settings: eps 1e-3 (not 1e-5) and momentum 0.03 (not 0.1), i.e. running stats that
-# average over ~33 batches; the recipe's numbers depend on them.
-BN_EPS = 1e-3
-BN_MOMENTUM = 0.03
+from yolofast.nn.attention import PSABlock
+from yolofast.nn.conv import BN_EPS, BN_MOMENTUM, Conv, DWConv, autopad
 
-
-def autopad(k: int, d: int = 1) -> int:
-    """'Same' padding for an odd kernel k with dilation d (output size = input size / stride)."""
-    return d * (k - 1) // 2
-
-
-class Conv(nn.Module):
-    """Conv2d (no bias) -> BatchNorm2d -> SiLU; ``fuse()`` folds the BN into the conv for inference."""
-
-    def __init__(self, c1: int, c2: int, k: int = 1, s: int = 1, p: int | None = None, g: int = 1,
-                 d: int = 1, act: bool = True):
-        super().__init__()
-        self.conv = nn.Conv2d(c1, c2, k, s, autopad(k, d) if p is None else p, dilation=d, groups=g,
-                              bias=False)
-        self.bn = nn.BatchNorm2d(c2, eps=BN_EPS, momentum=BN_MOMENTUM)
-        self.act = nn.SiLU(inplace=True) if act else nn.Identity()
-
-    def forward(self, x):
-        return self.act(self.bn(self.conv(x)))
-
-    @torch.no_grad()
-    def fuse(self) -> Conv:
-        """Fold BN (running stats) into the conv: k = gamma/sqrt(var+eps), w' = w*k, b' = beta - mean*k."""
-        if isinstance(self.bn, nn.Identity):
-            return self
-        bn = self.bn
-        scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)
-        bias = bn.bias - bn.running_mean * scale
-        if self.conv.bias is not None:
-            bias = bias + self.conv.bias * scale
-        conv = self.conv
-        # Elementwise ops keep the weight's memory format (channels_last stays channels_last).
-        conv.weight = nn.Parameter(conv.weight * scale.view(-1, 1, 1, 1), requires_grad=False)
-        conv.bias = nn.Parameter(bias.to(conv.weight.dtype), requires_grad=False)
-        self.bn = nn.Identity()
-        return self
-
-
-class DWConv(Conv):
-    """A Conv unit with groups = gcd(c1, c2): depthwise when c1 == c2 (the YOLO11/YOLO26 class branch)."""
-
-    def __init__(self, c1: int, c2: int, k: int = 1, s: int = 1, d: int = 1, act: bool = True):
-        super().__init__(c1, c2, k, s, g=math.gcd(c1, c2), d=d, act=act)
+# Conv, DWConv, autopad and the BN settings live in nn/conv.py (attention builds on them too); they stay
+# importable from here.
+__all__ = ["BN_EPS", "BN_MOMENTUM", "SPPF", "Bottleneck", "C2f", "C3k", "C3k2", "Concat", "Conv", "DWConv",
+           "Upsample", "autopad"]
 
 
 class Bottleneck(nn.Module):
@@ -131,8 +89,6 @@ class C3k2(C2f):
         super().__init__(c1, c2, n, shortcut, g, e)  # builds C2f's bottlenecks first (seeded-init order)
         c = self.c
         if attn:
-            from yolofast.nn.attention import PSABlock
-
             blocks = (nn.Sequential(Bottleneck(c, c, shortcut, g), PSABlock(c, 0.5, max(c // 64, 1)))
                       for _ in range(n))
         elif c3k:

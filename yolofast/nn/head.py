@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from yolofast.boxes import dist2bbox, make_anchors
-from yolofast.nn.blocks import Conv, DWConv
+from yolofast.nn.conv import Conv, DWConv
 
 
 class DFL(nn.Module):

@@ -23,7 +23,8 @@ import torch
 from torch import nn
 
 from yolofast.nn.attention import C2PSA
-from yolofast.nn.blocks import SPPF, Bottleneck, C2f, C3k, C3k2, Concat, Conv, DWConv, Upsample
+from yolofast.nn.blocks import SPPF, Bottleneck, C2f, C3k, C3k2, Concat, Upsample
+from yolofast.nn.conv import Conv, DWConv
 from yolofast.nn.head import Detect
 
 LOGGER = logging.getLogger("yolofast")
