@@ -112,8 +112,11 @@ class _EmuBboxLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, pred_dist, pred_scores, *rest):
-        op = torch.ops.yolofast_cuda_emu.bbox_loss
+        # 9 inputs: reg_max 1 (bbox_loss.l1: the stride tensor and the image's height and width after fg_mask)
+        ops = torch.ops.yolofast_cuda_emu
+        op = ops.bbox_loss.l1 if len(rest) == 7 else ops.bbox_loss
         losses, gd_box, gd_dfl, gs, inv_s = op(pred_dist, pred_scores, *rest)
+        ctx.n_rest = len(rest)
         ctx.save_for_backward(gd_box, gd_dfl, gs, inv_s)
         ctx.dtypes = (pred_dist.dtype, pred_scores.dtype)
         return losses
@@ -122,7 +125,8 @@ class _EmuBboxLoss(torch.autograd.Function):
     def backward(ctx, g):
         gd_box, gd_dfl, gs, inv_s = ctx.saved_tensors
         c = g.to(inv_s.dtype) * inv_s
-        return (gd_box * c[0] + gd_dfl * c[2]).to(ctx.dtypes[0]), (gs * c[1]).to(ctx.dtypes[1]), *(None,) * 4
+        return ((gd_box * c[0] + gd_dfl * c[2]).to(ctx.dtypes[0]), (gs * c[1]).to(ctx.dtypes[1]),
+                *(None,) * ctx.n_rest)
 
 
 @dataclasses.dataclass
@@ -138,6 +142,14 @@ class Impl:
         if self.name == "emu":
             return _EmuBboxLoss.apply(*args)
         return torch.ops.yolofast.bbox_loss(*args)[0]  # autograd registered in _library.py
+
+    def loss_l1(self, *args):
+        """reg_max 1: args = bbox_loss's six, stride_tensor, (H, W) (the reference's signature)."""
+        *six, stride, hw = args
+        rest = (*six, stride, float(hw[0]), float(hw[1]))
+        if self.name == "emu":
+            return _EmuBboxLoss.apply(*rest)
+        return torch.ops.yolofast.bbox_loss.l1(*rest)[0]  # autograd registered in _schemas.py
 
     def to(self, args):
         return tuple(a.to(self.device) if isinstance(a, torch.Tensor) else a for a in args)
