@@ -13,7 +13,9 @@ from op_inputs import TRITON_DEV, losses_and_grads, needs_triton
 
 from yolofast.boxes import make_anchors
 from yolofast.ops import bbox_loss as public_bbox_loss
+from yolofast.ops import bbox_loss_maps
 from yolofast.ops._backend import backend
+from yolofast.ops.bbox_loss import maps_to_rows
 from yolofast.ops.reference import bbox_loss_ref
 
 STRIDES = (8.0, 16.0, 32.0)
@@ -133,6 +135,77 @@ def test_cuda_bad_shapes_raise_clear_errors(cuda_impl):
         raw(pd, ps, anc[:-1], tb, ts, fg, stride, *hw)
 
 
+def l1_maps(B, C, hw, seed, device):
+    """(feats, anchors, target boxes, target scores, fg) of reg_max 1 maps, for the public maps form."""
+    pd, ps, anc, tb, ts, fg, stride, _ = l1_inputs(B, C, hw, seed)
+    H, W = hw
+    feats, a0 = [], 0
+    for s in STRIDES:
+        h, w = int(H // s), int(W // s)
+        rows = torch.cat((pd, ps), -1)[:, a0 : a0 + h * w]
+        feats.append(rows.transpose(1, 2).reshape(B, 4 + C, h, w).contiguous().to(device))
+        a0 += h * w
+    return feats, *(t.to(device) for t in (anc, tb, ts, fg, stride))
+
+
+def check_public_maps(name, device, spy_module, spy_attr, monkeypatch):
+    """bbox_loss_maps of reg_max 1 maps under backend ``name``: routed to its kernel (the spy counts the
+    calls) and equal to the reference on the cat-ed maps."""
+    calls = []
+    real = getattr(spy_module, spy_attr)
+
+    def spy(*a, **k):
+        calls.append(a[0].shape)
+        return real(*a, **k)
+
+    monkeypatch.setattr(spy_module, spy_attr, spy)
+    hw = (64.0, 96.0)
+    feats, anc, tb, ts, fg, stride = l1_maps(2, 5, hw, 14, device)
+    fs = [f.detach().clone().requires_grad_() for f in feats]
+    with backend(name):
+        out = bbox_loss_maps(fs, anc, tb, ts, fg, 1, strides=STRIDES)
+    grads = torch.autograd.grad((out * torch.tensor([0.7, 1.3, -0.4], device=device)).sum(), fs)
+    assert calls and calls[0][-1] == 4, "reg_max 1 did not reach the kernel"
+    rs = [f.detach().clone().requires_grad_() for f in feats]
+    pd, ps = maps_to_rows(rs, 1)
+    want = bbox_loss_ref(pd, ps, anc, tb, ts, fg, stride, hw)
+    rgrads = torch.autograd.grad((want * torch.tensor([0.7, 1.3, -0.4], device=device)).sum(), rs)
+    torch.testing.assert_close(out.detach(), want.detach(), rtol=1e-5, atol=0)
+    for a, b in zip(grads, rgrads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * float(b.abs().max()))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_public_maps_route_to_the_cuda_kernel(monkeypatch):
+    from yolofast.ops import _library
+
+    check_public_maps("cuda", "cuda", _library, "bbox_loss", monkeypatch)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_opcheck_and_graph_capture():
+    *six, stride, hw = [a.cuda() if torch.is_tensor(a) else a for a in l1_inputs(2, 5, (64.0, 64.0), 15)]
+    op = torch.ops.yolofast.bbox_loss.l1
+    six[0].requires_grad_()
+    torch.library.opcheck(op.default, (*six, stride, *hw))
+    six[0] = six[0].detach()
+    eager = op(*six, stride, *hw)
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        op(*six, stride, *hw)  # warm-up
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(graph):
+        out = op(*six, stride, *hw)
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(out, eager):
+        assert torch.equal(a, b)
+
+
 # ---------------------------------------------------------------------------- Triton (interpreter or GPU)
 try:
     from yolofast.kernels import _common
@@ -175,6 +248,11 @@ class TestTritonL1:
         with backend("triton"):
             a = public_bbox_loss(*args[:6], stride_tensor=args[6], img_hw=args[7])
         torch.testing.assert_close(a, bbox_loss_ref(*args), rtol=1e-5, atol=0)
+
+    def test_public_maps_route_to_the_triton_kernel(self, monkeypatch):
+        from yolofast.kernels import bbox_loss as triton_module
+
+        check_public_maps("triton", TRITON_DEV, triton_module, "bbox_loss", monkeypatch)
 
     def test_shape_errors_name_the_argument(self):
         pd, ps, anc, tb, ts, fg, stride, hw = _dev(l1_inputs(1, 3, (64.0, 64.0), 13))
