@@ -15,6 +15,7 @@
 #include <tuple>
 
 #include "cuda_launchers.h"
+#include "ns_orthogonalize_cuda.h"
 #include "op_checks.h"
 
 namespace yolofast {
@@ -213,4 +214,5 @@ TORCH_LIBRARY_IMPL(yolofast, CUDA, m) {
   m.impl("tal_assign", &yolofast::cuda::tal_assign_cuda);
   m.impl("bbox_loss", &yolofast::cuda::bbox_loss_cuda);
   m.impl("ema_update", &yolofast::cuda::ema_update_cuda);
+  m.impl("ns_orthogonalize", &yolofast::cuda::ns_orthogonalize_cuda);
 }

@@ -35,13 +35,17 @@ _LAUNCH = re.compile(r"([^\n;{}]+?)<<<(.+?)>>>\((.*?)\);", re.S)
 _DYNAMIC_SMEM = "extern __shared__ __align__(16) unsigned char smem_raw[];"
 
 
-# cuda_ops.cpp, adapted: its ops registered as yolofast_cuda_emu::<op> taking CPU tensors as "device" ones
-_BINDING_EDITS = (
-    ("TORCH_LIBRARY_IMPL(yolofast, CUDA, m)", "TORCH_LIBRARY(yolofast_cuda_emu, m)"),
-    ("m.impl(", "m.def("),
-    ("ref.is_cuda()", "true"),
-    ("decay.is_cuda()", "true"),
-)
+# The host-side .cpp files, adapted (file -> edits): cuda_ops.cpp's ops registered as yolofast_cuda_emu::<op>
+# taking CPU tensors as "device" ones; the ATen-only ops (ns_orthogonalize) take CPU tensors as well.
+_BINDING_EDITS = {
+    "cuda_ops.cpp": (
+        ("TORCH_LIBRARY_IMPL(yolofast, CUDA, m)", "TORCH_LIBRARY(yolofast_cuda_emu, m)"),
+        ("m.impl(", "m.def("),
+        ("ref.is_cuda()", "true"),
+        ("decay.is_cuda()", "true"),
+    ),
+    "ns_orthogonalize_cuda.cpp": (("u.is_cuda()", "u.is_cpu()"),),
+}
 
 
 def _emulated_cu(text: str, name: str) -> str:
@@ -81,7 +85,8 @@ def build_emulation() -> str:
                 out.write_text(_emulated_cu(p.read_text(), p.name))
             elif p.suffix == ".cpp":
                 text = p.read_text()
-                for old, new in _BINDING_EDITS:
+                assert p.name in _BINDING_EDITS, f"{p.name}: add its edits to _BINDING_EDITS"
+                for old, new in _BINDING_EDITS[p.name]:
                     assert old in text, f"{p.name}: expected {old!r} (update _BINDING_EDITS)"
                     text = text.replace(old, new)
                 out = gen / p.name
