@@ -56,6 +56,11 @@ def backward(ctx, g_losses, *_unused):
     return grad_dist, grad_pred_scores, None, None, None, None
 
 
+def l1_backward(ctx, g_losses, *_unused):
+    """``backward`` of the reg_max 1 ops (``bbox_loss.l1``: three more inputs, the L1 geometry)."""
+    return (*backward(ctx, g_losses), None, None, None)
+
+
 def maps_setup_context(ctx, inputs, output) -> None:
     feats, reg_max = inputs[0], inputs[5]  # (inputs[6], compact, changes the layout, not the backward)
     ctx.n_inputs = len(inputs)

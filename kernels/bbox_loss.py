@@ -85,37 +85,10 @@ def _side_grads(
 
 
 @triton.jit
-def _bbox_loss_kernel(
-    pd_ptr,
-    ps_ptr,
-    anc_ptr,
-    tb_ptr,
-    ts_ptr,
-    fg_ptr,
-    gd_box_ptr,
-    gd_dfl_ptr,
-    gs_ptr,
-    part_ptr,
-    n_rows,
-    A,
-    C,
-    R: tl.constexpr,
-    F64: tl.constexpr,
-    USE_LIB: tl.constexpr,
-    BLOCK_A: tl.constexpr,
-    BLOCK_C: tl.constexpr,
-):
-    if F64:
-        CT: tl.constexpr = tl.float64
-    else:
-        CT: tl.constexpr = tl.float32
-    pid = tl.program_id(0)
-    rows = pid.to(tl.int64) * BLOCK_A + tl.arange(0, BLOCK_A)
-    ok = rows < n_rows
-    fg = (tl.load(fg_ptr + rows, mask=ok, other=0) != 0) & ok
-    a = rows % A
-
-    # ---- BCE over every anchor and class; w = sum_c t
+def _bce_rows(ps_ptr, ts_ptr, gs_ptr, rows, ok, C, BLOCK_A: tl.constexpr, BLOCK_C: tl.constexpr,
+              CT: tl.constexpr):
+    """BCE over the classes of rows (summed per row), its gradient sigmoid(x) - t stored, and the anchor
+    weights w = sum_c t: (cls (BA,), w (BA,))."""
     cls_acc = tl.zeros((BLOCK_A,), dtype=CT)
     w = tl.zeros((BLOCK_A,), dtype=CT)
     for c0 in range(0, C, BLOCK_C):
@@ -132,26 +105,13 @@ def _bbox_loss_kernel(
         tl.store(gs_ptr + offs, sig - t, mask=m2)
         cls_acc += tl.sum(tl.where(m2, bce, 0.0), axis=1)
         w += tl.sum(t, axis=1)
+    return cls_acc, w
 
-    # ---- box: decoded prediction vs target, CIoU and its gradient w.r.t. the 4 expectations
-    pd_row = pd_ptr + rows * (4 * R)
-    tb_row = tb_ptr + rows * 4
-    ld = ok & fg
-    tx1 = tl.load(tb_row + 0, mask=ld, other=0.0).to(CT)
-    ty1 = tl.load(tb_row + 1, mask=ld, other=0.0).to(CT)
-    tx2 = tl.load(tb_row + 2, mask=ld, other=0.0).to(CT)
-    ty2 = tl.load(tb_row + 3, mask=ld, other=0.0).to(CT)
-    ax = tl.load(anc_ptr + a * 2, mask=ok, other=0.0).to(CT)
-    ay = tl.load(anc_ptr + a * 2 + 1, mask=ok, other=0.0).to(CT)
-    _p, _lp, e_l = _side_softmax(pd_row, ld, 0, R, CT)
-    _p, _lp, e_t = _side_softmax(pd_row, ld, 1, R, CT)
-    _p, _lp, e_r = _side_softmax(pd_row, ld, 2, R, CT)
-    _p, _lp, e_b = _side_softmax(pd_row, ld, 3, R, CT)
-    x1 = ax - e_l
-    y1 = ay - e_t
-    x2 = ax + e_r
-    y2 = ay + e_b
 
+@triton.jit
+def _ciou_grads(x1, y1, x2, y2, tx1, ty1, tx2, ty2, USE_LIB: tl.constexpr):
+    """CIoU(pred (x1, y1, x2, y2), target) and the d_* terms of its gradient (alpha held constant): the
+    gradient of (1 - ciou) w.r.t. the distances (l, t, r, b) is (d_x1, d_y1, -d_x2, -d_y2)."""
     w1 = x2 - x1
     h1 = (y2 - y1) + _EPS
     w2 = tx2 - tx1
@@ -190,6 +150,63 @@ def _bbox_loss_kernel(
     d_x2 = g_w1 + g_iw * _dmin(x2, tx2) - (dp_x + q_c * 2.0 * cw * _dmin(tx2, x2))
     d_y1 = -g_h1 - g_ih * _dmin(ty1, y1) - (dp_y - q_c * 2.0 * ch * _dmin(y1, ty1))
     d_y2 = g_h1 + g_ih * _dmin(y2, ty2) - (dp_y + q_c * 2.0 * ch * _dmin(ty2, y2))
+    return ciou, d_x1, d_y1, d_x2, d_y2
+
+
+@triton.jit
+def _bbox_loss_kernel(
+    pd_ptr,
+    ps_ptr,
+    anc_ptr,
+    tb_ptr,
+    ts_ptr,
+    fg_ptr,
+    gd_box_ptr,
+    gd_dfl_ptr,
+    gs_ptr,
+    part_ptr,
+    n_rows,
+    A,
+    C,
+    R: tl.constexpr,
+    F64: tl.constexpr,
+    USE_LIB: tl.constexpr,
+    BLOCK_A: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    if F64:
+        CT: tl.constexpr = tl.float64
+    else:
+        CT: tl.constexpr = tl.float32
+    pid = tl.program_id(0)
+    rows = pid.to(tl.int64) * BLOCK_A + tl.arange(0, BLOCK_A)
+    ok = rows < n_rows
+    fg = (tl.load(fg_ptr + rows, mask=ok, other=0) != 0) & ok
+    a = rows % A
+
+    # ---- BCE over every anchor and class; w = sum_c t
+    cls_acc, w = _bce_rows(ps_ptr, ts_ptr, gs_ptr, rows, ok, C, BLOCK_A, BLOCK_C, CT)
+
+    # ---- box: decoded prediction vs target, CIoU and its gradient w.r.t. the 4 expectations
+    pd_row = pd_ptr + rows * (4 * R)
+    tb_row = tb_ptr + rows * 4
+    ld = ok & fg
+    tx1 = tl.load(tb_row + 0, mask=ld, other=0.0).to(CT)
+    ty1 = tl.load(tb_row + 1, mask=ld, other=0.0).to(CT)
+    tx2 = tl.load(tb_row + 2, mask=ld, other=0.0).to(CT)
+    ty2 = tl.load(tb_row + 3, mask=ld, other=0.0).to(CT)
+    ax = tl.load(anc_ptr + a * 2, mask=ok, other=0.0).to(CT)
+    ay = tl.load(anc_ptr + a * 2 + 1, mask=ok, other=0.0).to(CT)
+    _p, _lp, e_l = _side_softmax(pd_row, ld, 0, R, CT)
+    _p, _lp, e_t = _side_softmax(pd_row, ld, 1, R, CT)
+    _p, _lp, e_r = _side_softmax(pd_row, ld, 2, R, CT)
+    _p, _lp, e_b = _side_softmax(pd_row, ld, 3, R, CT)
+    x1 = ax - e_l
+    y1 = ay - e_t
+    x2 = ax + e_r
+    y2 = ay + e_b
+
+    ciou, d_x1, d_y1, d_x2, d_y2 = _ciou_grads(x1, y1, x2, y2, tx1, ty1, tx2, ty2, USE_LIB)
     # L = (1 - ciou) w; x1 = ax - l, y1 = ay - t, x2 = ax + r, y2 = ay + b
     wf = tl.where(fg, w, 0.0)
     box_acc = tl.where(fg, (1.0 - ciou) * w, 0.0)
@@ -211,6 +228,85 @@ def _bbox_loss_kernel(
 
 
 @triton.jit
+def _l1_side(gd_box_ptr, gd_l1_ptr, rows, ok, fg, side: tl.constexpr, e, g_e, t_dist, s, dim, wf):
+    """reg_max 1, one side: stores the raw distance's gradients of the box term (g_e) and of the L1 term;
+    returns |d|, d = e*s/dim - t*s/dim (YOLO11_YOLO26.md §4.2; t unclamped, dim the image's W or H). The L1
+    gradient of |d| * w/4 is w/4 * sign(d) * s/dim (abs' subgradient 0 at 0, as autograd's)."""
+    d = (e * s) / dim - (t_dist * s) / dim
+    sign = tl.where(d > 0, 1.0, tl.where(d < 0, -1.0, 0.0))
+    tl.store(gd_box_ptr + rows * 4 + side, tl.where(fg, g_e, 0.0), mask=ok)
+    tl.store(gd_l1_ptr + rows * 4 + side, tl.where(fg, ((wf * 0.25) * sign) * s / dim, 0.0), mask=ok)
+    return tl.abs(d)
+
+
+@triton.jit
+def _bbox_loss_l1_kernel(
+    pd_ptr,
+    ps_ptr,
+    anc_ptr,
+    tb_ptr,
+    ts_ptr,
+    fg_ptr,
+    st_ptr,
+    gd_box_ptr,
+    gd_l1_ptr,
+    gs_ptr,
+    part_ptr,
+    n_rows,
+    A,
+    C,
+    img_h,
+    img_w,
+    F64: tl.constexpr,
+    USE_LIB: tl.constexpr,
+    BLOCK_A: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """reg_max 1 (YOLO26): pd (B*A, 4) raw distances; BCE and CIoU as ``_bbox_loss_kernel``, the L1 term of
+    the distances x stride / (W, H) instead of DFL; partial sums (box, cls, l1, sum t)."""
+    if F64:
+        CT: tl.constexpr = tl.float64
+    else:
+        CT: tl.constexpr = tl.float32
+    pid = tl.program_id(0)
+    rows = pid.to(tl.int64) * BLOCK_A + tl.arange(0, BLOCK_A)
+    ok = rows < n_rows
+    fg = (tl.load(fg_ptr + rows, mask=ok, other=0) != 0) & ok
+    a = rows % A
+    cls_acc, w = _bce_rows(ps_ptr, ts_ptr, gs_ptr, rows, ok, C, BLOCK_A, BLOCK_C, CT)
+
+    ld = ok & fg
+    tx1 = tl.load(tb_ptr + rows * 4 + 0, mask=ld, other=0.0).to(CT)
+    ty1 = tl.load(tb_ptr + rows * 4 + 1, mask=ld, other=0.0).to(CT)
+    tx2 = tl.load(tb_ptr + rows * 4 + 2, mask=ld, other=0.0).to(CT)
+    ty2 = tl.load(tb_ptr + rows * 4 + 3, mask=ld, other=0.0).to(CT)
+    ax = tl.load(anc_ptr + a * 2, mask=ok, other=0.0).to(CT)
+    ay = tl.load(anc_ptr + a * 2 + 1, mask=ok, other=0.0).to(CT)
+    s = tl.load(st_ptr + a, mask=ok, other=1.0).to(CT)
+    e_l = tl.load(pd_ptr + rows * 4 + 0, mask=ld, other=0.0).to(CT)
+    e_t = tl.load(pd_ptr + rows * 4 + 1, mask=ld, other=0.0).to(CT)
+    e_r = tl.load(pd_ptr + rows * 4 + 2, mask=ld, other=0.0).to(CT)
+    e_b = tl.load(pd_ptr + rows * 4 + 3, mask=ld, other=0.0).to(CT)
+    x1, y1, x2, y2 = ax - e_l, ay - e_t, ax + e_r, ay + e_b
+    ciou, d_x1, d_y1, d_x2, d_y2 = _ciou_grads(x1, y1, x2, y2, tx1, ty1, tx2, ty2, USE_LIB)
+    wf = tl.where(fg, w, 0.0)
+    box_acc = tl.where(fg, (1.0 - ciou) * w, 0.0)
+
+    # img_h, img_w: fp32 scalars, exact for image sizes (integers < 2^24); promoted with the distances.
+    l1 = _l1_side(gd_box_ptr, gd_l1_ptr, rows, ok, fg, 0, e_l, wf * d_x1, ax - tx1, s, img_w, wf)
+    l1 += _l1_side(gd_box_ptr, gd_l1_ptr, rows, ok, fg, 1, e_t, wf * d_y1, ay - ty1, s, img_h, wf)
+    l1 += _l1_side(gd_box_ptr, gd_l1_ptr, rows, ok, fg, 2, e_r, -wf * d_x2, tx2 - ax, s, img_w, wf)
+    l1 += _l1_side(gd_box_ptr, gd_l1_ptr, rows, ok, fg, 3, e_b, -wf * d_y2, ty2 - ay, s, img_h, wf)
+    l1_acc = tl.where(fg, (l1 * 0.25) * w, 0.0)
+
+    part = part_ptr + pid.to(tl.int64) * 4
+    tl.store(part + 0, tl.sum(box_acc, axis=0).to(tl.float64))
+    tl.store(part + 1, tl.sum(cls_acc, axis=0).to(tl.float64))
+    tl.store(part + 2, tl.sum(l1_acc, axis=0).to(tl.float64))
+    tl.store(part + 3, tl.sum(tl.where(ok, w, 0.0), axis=0).to(tl.float64))
+
+
+@triton.jit
 def _bbox_loss_reduce_kernel(part_ptr, out_ptr, inv_s_ptr, n_part, BLOCK: tl.constexpr):
     acc = tl.zeros((BLOCK, 4), dtype=tl.float64)
     k = tl.arange(0, 4)
@@ -224,13 +320,15 @@ def _bbox_loss_reduce_kernel(part_ptr, out_ptr, inv_s_ptr, n_part, BLOCK: tl.con
     tl.store(inv_s_ptr, (1.0 / s).to(ty))
 
 
-def _check(pred_dist, pred_scores, anchor_points, target_bboxes, target_scores, fg_mask) -> None:
+def _check(pred_dist, pred_scores, anchor_points, target_bboxes, target_scores, fg_mask, l1=False) -> None:
     if pred_dist.dim() != 3 or pred_dist.shape[-1] % 4:
         raise ValueError(f"bbox_loss: pred_dist must be (B, A, 4*reg_max), got {tuple(pred_dist.shape)}")
     B, A, R4 = pred_dist.shape
     R = R4 // 4
-    if R < 2 or R & (R - 1):
-        raise ValueError(f"bbox_loss (Triton): reg_max must be a power of two >= 2, got {R}")
+    if l1 and R != 1:
+        raise ValueError(f"bbox_loss (Triton, L1): pred_dist must be (B, A, 4) raw distances, got {R4}")
+    if not l1 and (R < 2 or R & (R - 1)):
+        raise ValueError(f"bbox_loss (Triton): reg_max must be a power of two >= 2 (or 1), got {R}")
     C = pred_scores.shape[-1]
     want = {
         "pred_scores": (pred_scores, (B, A, C)),
@@ -308,6 +406,57 @@ _bbox_loss_op.register_autograd(_bbox_loss_grad.backward, setup_context=_bbox_lo
 torch.library.register_autocast("yolofast::bbox_loss_triton", "cuda", torch.float32)
 
 
+@torch.library.triton_op("yolofast::bbox_loss_l1_triton", mutates_args=())
+def _bbox_loss_l1_op(
+    pred_dist: Tensor,
+    pred_scores: Tensor,
+    anchor_points: Tensor,
+    target_bboxes: Tensor,
+    target_scores: Tensor,
+    fg_mask: Tensor,
+    stride_tensor: Tensor,
+    img_h: float,
+    img_w: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """reg_max 1 (YOLO26): pred_dist (B, A, 4) raw distances, stride_tensor each anchor's stride (A values),
+    img_h x img_w the batch image -> the outputs of ``bbox_loss_triton`` with [L_box, L_cls, L_l1] and the L1
+    gradient in the DFL gradient's place (as yolofast::bbox_loss.l1)."""
+    _check(pred_dist, pred_scores, anchor_points, target_bboxes, target_scores, fg_mask, l1=True)
+    B, A, _ = pred_dist.shape
+    if stride_tensor.numel() != A or stride_tensor.device != pred_dist.device:
+        raise ValueError(f"bbox_loss: stride_tensor must hold one stride per anchor (A = {A}) on "
+                         f"{pred_dist.device}, got {tuple(stride_tensor.shape)} on {stride_tensor.device}")
+    C = pred_scores.shape[-1]
+    ct = _common.compute_dtype(pred_dist, pred_scores)
+    dev = pred_dist.device
+    fg = fg_mask.contiguous()
+    if fg.dtype != torch.bool:
+        fg = fg != 0
+    losses, inv_s = _common.empty((3,), ct, dev), _common.empty((), ct, dev)
+    gd_box, gd_l1 = _common.empty((B, A, 4), ct, dev), _common.empty((B, A, 4), ct, dev)
+    gs = _common.empty((B, A, C), ct, dev)
+    n_rows = B * A
+    n_part = triton.cdiv(n_rows, BLOCK_A)
+    part = torch.empty((max(n_part, 1), 4), dtype=torch.float64, device=dev)
+    if n_part:
+        _common.launch(_bbox_loss_l1_kernel)[(n_part,)](
+            pred_dist.contiguous(), pred_scores.contiguous(), anchor_points.to(ct).contiguous(),
+            target_bboxes.contiguous(), target_scores.contiguous(), fg, stride_tensor.to(ct).contiguous(),
+            gd_box, gd_l1, gs, part, n_rows, A, C, float(img_h), float(img_w),
+            F64=ct == torch.float64,
+            USE_LIB=_common.USE_LIBDEVICE,
+            BLOCK_A=BLOCK_A,
+            BLOCK_C=min(_common.next_pow2(max(C, 1)), 128),
+            num_warps=4,
+        )
+    _common.launch(_bbox_loss_reduce_kernel)[(1,)](part, losses, inv_s, n_part, BLOCK=BLOCK_R, num_warps=4)
+    return losses, gd_box, gd_l1, gs, inv_s
+
+
+_bbox_loss_l1_op.register_autograd(_bbox_loss_grad.l1_backward, setup_context=_bbox_loss_grad.setup_context)
+torch.library.register_autocast("yolofast::bbox_loss_l1_triton", "cuda", torch.float32)
+
+
 def bbox_loss(
     pred_dist: Tensor,
     pred_scores: Tensor,
@@ -315,9 +464,20 @@ def bbox_loss(
     target_bboxes: Tensor,
     target_scores: Tensor,
     fg_mask: Tensor,
+    stride_tensor: Tensor | None = None,
+    img_hw: tuple[float, float] | None = None,
 ) -> Tensor:
     """(3,) [L_box, L_cls, L_dfl] as ``reference.bbox_loss_ref`` (same arguments), differentiable w.r.t.
-    pred_dist and pred_scores; the logits' gradients are computed in the forward pass."""
+    pred_dist and pred_scores; the logits' gradients are computed in the forward pass. reg_max 1
+    (pred_dist (B, A, 4) raw distances): [L_box, L_cls, L_l1], stride_tensor and img_hw required."""
+    if pred_dist.dim() == 3 and pred_dist.shape[-1] == 4:
+        if stride_tensor is None or img_hw is None:
+            raise ValueError("bbox_loss: reg_max 1 (raw distances, L1 term) needs stride_tensor (A, 1) and "
+                             "img_hw (H, W) of the batch image to normalise the distances")
+        return torch.ops.yolofast.bbox_loss_l1_triton(
+            pred_dist, pred_scores, anchor_points, target_bboxes, target_scores, fg_mask, stride_tensor,
+            float(img_hw[0]), float(img_hw[1]),
+        )[0]
     return torch.ops.yolofast.bbox_loss_triton(
         pred_dist, pred_scores, anchor_points, target_bboxes, target_scores, fg_mask
     )[0]

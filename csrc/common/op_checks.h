@@ -70,6 +70,27 @@ inline void bbox_loss_shapes(const at::Tensor& pred_dist, const at::Tensor& pred
               "yolofast::bbox_loss: pred_dist and pred_scores must be floating point");
 }
 
+// bbox_loss for reg_max 1 (raw distances, YOLO26): pred_dist (B, A, 4) and stride_tensor with A values (each
+// anchor's stride, for the L1 term), the other inputs as bbox_loss_shapes has them.
+inline void bbox_loss_l1_shapes(const at::Tensor& pred_dist, const at::Tensor& pred_scores,
+                                const at::Tensor& anchor_points, const at::Tensor& target_bboxes,
+                                const at::Tensor& target_scores, const at::Tensor& fg_mask,
+                                const at::Tensor& stride_tensor, double img_h, double img_w) {
+  TORCH_CHECK(pred_dist.dim() == 3 && pred_dist.size(2) == 4,
+              "yolofast::bbox_loss.l1: pred_dist must be (B, A, 4) raw distances (reg_max 1), got ",
+              pred_dist.sizes());
+  const int64_t A = pred_dist.size(1);
+  // The rest as the DFL op checks it, with a (B, A, 8) meta stand-in for pred_dist (reg_max 2: in range;
+  // meta: no memory, no kernel).
+  const at::Tensor stand_in = at::empty({pred_dist.size(0), A, 8}, pred_dist.options().device(at::kMeta));
+  bbox_loss_shapes(stand_in, pred_scores, anchor_points, target_bboxes, target_scores, fg_mask, 2);
+  TORCH_CHECK(stride_tensor.numel() == A && stride_tensor.is_floating_point(),
+              "yolofast::bbox_loss.l1: stride_tensor must hold one floating stride per anchor (A = ", A,
+              "), got ", stride_tensor.sizes(), " ", stride_tensor.scalar_type());
+  TORCH_CHECK(img_h > 0 && img_w > 0, "yolofast::bbox_loss.l1: the batch image size (img_h, img_w) must be > 0, got (",
+              img_h, ", ", img_w, ")");
+}
+
 // tal_assign's inputs as both kernels read them: contiguous, in the compute type -- float64 when any of
 // scores / pred boxes / GT boxes is float64, else float32 (bf16/fp16 upcast, as the reference does) --
 // labels as int64 (B, M) and the GT mask as bool (B, M). Call after tal_assign_shapes.

@@ -12,6 +12,9 @@
 //      [L_box, L_cls, L_dfl] / S and 1/S on the device (no host sync; CUDA-graph capturable).
 // Gradients written are those of S*L_box, S*L_dfl (w.r.t. pred_dist) and S*L_cls (w.r.t. pred_scores);
 // backward only scales them (yolofast/ops/_library.py).
+// reg_max 1 (YOLO26, bbox_loss_l1_launch): the 4 values per row are raw distances (no softmax; the CIoU
+// gradient is theirs), and the third loss is the L1 term of the distances x stride / (W, H) instead of DFL
+// (YOLO11_YOLO26.md §4.2, the same formulas as csrc/cpu/bbox_loss_core.h's box_l1_tail).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -74,7 +77,36 @@ struct LossParams {
   double* part;
   int64_t N, A, C;
   int R;
+  // reg_max 1 only: each anchor's stride (A,) and the batch image's width and height (the L1 term).
+  const T* l1_stride;
+  T l1_w, l1_h;
 };
+
+// reg_max 1: the L1 term of one foreground row and its gradient, the CIoU gradient gE written as the raw
+// distances' own. t = (ax - x1, ay - y1, x2 - ax, y2 - ay) unclamped (targets of enlarged small GTs can be
+// negative), d = p*s/D - t*s/D per side (D = W for l, r and H for t, b), l1 = mean |d| in the reference's
+// order; gradient of l1 * w: w/4 * sign(d) * s/D (abs' subgradient 0 at 0, as autograd's).
+template <typename T>
+__device__ __forceinline__ void l1_row(const LossParams<T>& p, int64_t n, int64_t a, const T E[4], const T gE[4],
+                                       T w, int lane, T& ll1) {
+  const T* tb = p.tb + 4 * n;
+  const T ax = p.anc[2 * a], ay = p.anc[2 * a + 1], s = p.l1_stride[a];
+  const T td[4] = {ax - tb[0], ay - tb[1], tb[2] - ax, tb[3] - ay};
+  const T D[4] = {p.l1_w, p.l1_h, p.l1_w, p.l1_h};
+  const T cd = w / T(4);
+  T l1 = T(0);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const T d = (E[k] * s) / D[k] - (td[k] * s) / D[k];
+    l1 += fabs(d);
+    if (lane == k) {  // one lane per side writes the row's 4 gradients
+      const T sign = d > T(0) ? T(1) : (d < T(0) ? T(-1) : T(0));
+      p.gbox[n * 4 + k] = gE[k];
+      p.gdfl[n * 4 + k] = (cd * sign) * s / D[k];
+    }
+  }
+  ll1 += (l1 / T(4)) * w;
+}
 
 // Box (CIoU) and DFL terms of one foreground row, weighted by w; writes the row's 4R gradients of both
 // and returns (1 - CIoU)*w and mean_sides(dfl)*w. Called by a whole warp (all lanes get the same sums).
@@ -91,6 +123,10 @@ __device__ __forceinline__ void box_dfl_row(const LossParams<T>& p, int64_t n, T
   T pr[4][2], E[4], base[4];
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
+    if (R == 1) {  // raw distances (YOLO26): no bins to soften
+      E[k] = z[k];
+      continue;
+    }
     T zv[2];
 #pragma unroll
     for (int t = 0; t < 2; ++t) {
@@ -174,6 +210,7 @@ __device__ __forceinline__ void box_dfl_row(const LossParams<T>& p, int64_t n, T
   g_y2 += g_h1;
   g_y1 -= g_h1;
   const T gE[4] = {-g_x1, -g_y1, g_x2, g_y2};
+  if (R == 1) return l1_row(p, n, a, E, gE, w, lane, ldfl);
 
   // ---- DFL: targets clamped to [0, R - 1 - 0.01] so that bin tl + 1 exists
   const T hi = static_cast<T>(static_cast<double>(R) - 1 - 0.01);
@@ -276,7 +313,7 @@ __global__ void __launch_bounds__(kReduceThreads) reduce_kernel(const double* __
 }
 
 template <typename T>
-cudaError_t launch_impl(const BboxShape& s, const BboxArgs& a, cudaStream_t st) {
+cudaError_t launch_impl(const BboxShape& s, const BboxArgs& a, cudaStream_t st, const BboxL1* l1 = nullptr) {
   const int64_t N = s.B * s.A;
   const int64_t n_part = ceil_div(N, kRowsPerBlock);
   double* part = static_cast<double*>(a.workspace);
@@ -296,6 +333,9 @@ cudaError_t launch_impl(const BboxShape& s, const BboxArgs& a, cudaStream_t st) 
     p.A = s.A;
     p.C = s.C;
     p.R = static_cast<int>(s.R);
+    p.l1_stride = l1 ? static_cast<const T*>(l1->stride) : nullptr;
+    p.l1_w = l1 ? static_cast<T>(l1->img_w) : T(0);
+    p.l1_h = l1 ? static_cast<T>(l1->img_h) : T(0);
     loss_kernel<T><<<static_cast<unsigned>(n_part), kThreads, 0, st>>>(p);
     YF_CHECK_LAUNCH();
   }
@@ -313,6 +353,11 @@ size_t bbox_loss_workspace_bytes(const BboxShape& s) {
 
 cudaError_t bbox_loss_launch(const BboxShape& s, const BboxArgs& a, bool f64, cudaStream_t stream) {
   return f64 ? launch_impl<double>(s, a, stream) : launch_impl<float>(s, a, stream);
+}
+
+cudaError_t bbox_loss_l1_launch(const BboxShape& s, const BboxArgs& a, const BboxL1& l1, bool f64,
+                                cudaStream_t stream) {
+  return f64 ? launch_impl<double>(s, a, stream, &l1) : launch_impl<float>(s, a, stream, &l1);
 }
 
 }  // namespace cuda

@@ -76,6 +76,15 @@ struct BboxArgs {
 size_t bbox_loss_workspace_bytes(const BboxShape& s);
 cudaError_t bbox_loss_launch(const BboxShape& s, const BboxArgs& a, bool f64, cudaStream_t stream);
 
+// reg_max 1 (YOLO26, R = 1): pd (B,A,4) raw distances; the third loss and gd_dfl are the L1 term's
+// (YOLO11_YOLO26.md §4.2). stride: (A,) T, each anchor's stride; img_h, img_w: the batch image's size.
+struct BboxL1 {
+  const void* stride;
+  double img_h, img_w;
+};
+cudaError_t bbox_loss_l1_launch(const BboxShape& s, const BboxArgs& a, const BboxL1& l1, bool f64,
+                                cudaStream_t stream);
+
 // ------------------------------------------------------------------------------------------ ema_update
 // In place ema = lerp(ema, model, w), w = 1 - decay (DESIGN §2.3, spec reference.ema_update_ref).
 enum class EmaType : int { kFloat = 0, kDouble = 1, kHalf = 2, kBFloat16 = 3 };

@@ -15,6 +15,7 @@
 #include <tuple>
 
 #include "cuda_launchers.h"
+#include "ns_orthogonalize_cuda.h"
 #include "op_checks.h"
 
 namespace yolofast {
@@ -144,6 +145,47 @@ Outputs5 bbox_loss_cuda(const at::Tensor& pred_dist, const at::Tensor& pred_scor
   return {losses, gbox, gdfl, gcls, inv_s};
 }
 
+// bbox_loss for reg_max 1 (YOLO26): pred_dist (B, A, 4) raw distances, the third loss the L1 term (each
+// anchor's stride from stride_tensor, the batch image's img_h x img_w); the same outputs as bbox_loss, the
+// L1 gradient in the DFL gradient's place.
+Outputs5 bbox_loss_l1_cuda(const at::Tensor& pred_dist, const at::Tensor& pred_scores,
+                           const at::Tensor& anchor_points, const at::Tensor& target_bboxes,
+                           const at::Tensor& target_scores, const at::Tensor& fg_mask,
+                           const at::Tensor& stride_tensor, double img_h, double img_w) {
+  yolofast_checks::bbox_loss_l1_shapes(pred_dist, pred_scores, anchor_points, target_bboxes, target_scores, fg_mask,
+                                       stride_tensor, img_h, img_w);
+  const int64_t B = pred_dist.size(0), A = pred_dist.size(1), C = pred_scores.size(2);
+  check_device(pred_dist,
+               {{"pred_scores", &pred_scores}, {"anchor_points", &anchor_points}, {"target_bboxes", &target_bboxes},
+                {"target_scores", &target_scores}, {"fg_mask", &fg_mask}, {"stride_tensor", &stride_tensor}},
+               "yolofast::bbox_loss.l1");
+  const c10::cuda::CUDAGuard guard(pred_dist.device());
+
+  const auto in =
+      yolofast_checks::bbox_loss_inputs(pred_dist, pred_scores, anchor_points, target_bboxes, target_scores, fg_mask);
+  const at::Tensor &pd = in.pd, &ps = in.ps, &anc = in.anc, &tb = in.tb, &ts = in.ts, &fg = in.fg;
+  const auto opt = pd.options();
+  const at::Tensor stride = stride_tensor.reshape({A}).to(opt.dtype()).contiguous();
+  at::Tensor losses = at::empty({3}, opt);
+  at::Tensor gbox = at::empty({B, A, 4}, opt);
+  at::Tensor gl1 = at::empty({B, A, 4}, opt);
+  at::Tensor gcls = at::empty({B, A, C}, opt);
+  at::Tensor inv_s = at::empty({}, opt);
+  if (poison_outputs())
+    for (at::Tensor* t : {&losses, &gbox, &gl1, &gcls, &inv_s}) poison(*t);
+
+  const BboxShape shape{B, A, C, 1};
+  at::Tensor ws = at::empty({static_cast<int64_t>(bbox_loss_workspace_bytes(shape))}, opt.dtype(at::kByte));
+  const BboxArgs args{pd.const_data_ptr(), ps.const_data_ptr(), anc.const_data_ptr(), tb.const_data_ptr(),
+                      ts.const_data_ptr(), fg.const_data_ptr<bool>(), losses.mutable_data_ptr(),
+                      gbox.mutable_data_ptr(), gl1.mutable_data_ptr(), gcls.mutable_data_ptr(),
+                      inv_s.mutable_data_ptr(), ws.mutable_data_ptr()};
+  const BboxL1 l1{stride.const_data_ptr(), img_h, img_w};
+  check_launch(bbox_loss_l1_launch(shape, args, l1, in.f64, c10::cuda::getCurrentCUDAStream().stream()),
+               "bbox_loss.l1");
+  return {losses, gbox, gl1, gcls, inv_s};
+}
+
 // ------------------------------------------------------------------------------------------ ema_update
 EmaType ema_type(at::ScalarType t) {
   switch (t) {
@@ -212,5 +254,7 @@ void ema_update_cuda(const at::Tensor& ema, const at::Tensor& model, const at::T
 TORCH_LIBRARY_IMPL(yolofast, CUDA, m) {
   m.impl("tal_assign", &yolofast::cuda::tal_assign_cuda);
   m.impl("bbox_loss", &yolofast::cuda::bbox_loss_cuda);
+  m.impl("bbox_loss.l1", &yolofast::cuda::bbox_loss_l1_cuda);
   m.impl("ema_update", &yolofast::cuda::ema_update_cuda);
+  m.impl("ns_orthogonalize", &yolofast::cuda::ns_orthogonalize_cuda);
 }

@@ -35,13 +35,17 @@ _LAUNCH = re.compile(r"([^\n;{}]+?)<<<(.+?)>>>\((.*?)\);", re.S)
 _DYNAMIC_SMEM = "extern __shared__ __align__(16) unsigned char smem_raw[];"
 
 
-# cuda_ops.cpp, adapted: its ops registered as yolofast_cuda_emu::<op> taking CPU tensors as "device" ones
-_BINDING_EDITS = (
-    ("TORCH_LIBRARY_IMPL(yolofast, CUDA, m)", "TORCH_LIBRARY(yolofast_cuda_emu, m)"),
-    ("m.impl(", "m.def("),
-    ("ref.is_cuda()", "true"),
-    ("decay.is_cuda()", "true"),
-)
+# The host-side .cpp files, adapted (file -> edits): cuda_ops.cpp's ops registered as yolofast_cuda_emu::<op>
+# taking CPU tensors as "device" ones; the ATen-only ops (ns_orthogonalize) take CPU tensors as well.
+_BINDING_EDITS = {
+    "cuda_ops.cpp": (
+        ("TORCH_LIBRARY_IMPL(yolofast, CUDA, m)", "TORCH_LIBRARY(yolofast_cuda_emu, m)"),
+        ("m.impl(", "m.def("),
+        ("ref.is_cuda()", "true"),
+        ("decay.is_cuda()", "true"),
+    ),
+    "ns_orthogonalize_cuda.cpp": (("u.is_cuda()", "u.is_cpu()"),),
+}
 
 
 def _emulated_cu(text: str, name: str) -> str:
@@ -81,7 +85,8 @@ def build_emulation() -> str:
                 out.write_text(_emulated_cu(p.read_text(), p.name))
             elif p.suffix == ".cpp":
                 text = p.read_text()
-                for old, new in _BINDING_EDITS:
+                assert p.name in _BINDING_EDITS, f"{p.name}: add its edits to _BINDING_EDITS"
+                for old, new in _BINDING_EDITS[p.name]:
                     assert old in text, f"{p.name}: expected {old!r} (update _BINDING_EDITS)"
                     text = text.replace(old, new)
                 out = gen / p.name
@@ -112,8 +117,11 @@ class _EmuBboxLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, pred_dist, pred_scores, *rest):
-        op = torch.ops.yolofast_cuda_emu.bbox_loss
+        # 9 inputs: reg_max 1 (bbox_loss.l1: the stride tensor and the image's height and width after fg_mask)
+        ops = torch.ops.yolofast_cuda_emu
+        op = ops.bbox_loss.l1 if len(rest) == 7 else ops.bbox_loss
         losses, gd_box, gd_dfl, gs, inv_s = op(pred_dist, pred_scores, *rest)
+        ctx.n_rest = len(rest)
         ctx.save_for_backward(gd_box, gd_dfl, gs, inv_s)
         ctx.dtypes = (pred_dist.dtype, pred_scores.dtype)
         return losses
@@ -122,7 +130,8 @@ class _EmuBboxLoss(torch.autograd.Function):
     def backward(ctx, g):
         gd_box, gd_dfl, gs, inv_s = ctx.saved_tensors
         c = g.to(inv_s.dtype) * inv_s
-        return (gd_box * c[0] + gd_dfl * c[2]).to(ctx.dtypes[0]), (gs * c[1]).to(ctx.dtypes[1]), *(None,) * 4
+        return ((gd_box * c[0] + gd_dfl * c[2]).to(ctx.dtypes[0]), (gs * c[1]).to(ctx.dtypes[1]),
+                *(None,) * ctx.n_rest)
 
 
 @dataclasses.dataclass
@@ -138,6 +147,14 @@ class Impl:
         if self.name == "emu":
             return _EmuBboxLoss.apply(*args)
         return torch.ops.yolofast.bbox_loss(*args)[0]  # autograd registered in _library.py
+
+    def loss_l1(self, *args):
+        """reg_max 1: args = bbox_loss's six, stride_tensor, (H, W) (the reference's signature)."""
+        *six, stride, hw = args
+        rest = (*six, stride, float(hw[0]), float(hw[1]))
+        if self.name == "emu":
+            return _EmuBboxLoss.apply(*rest)
+        return torch.ops.yolofast.bbox_loss.l1(*rest)[0]  # autograd registered in _schemas.py
 
     def to(self, args):
         return tuple(a.to(self.device) if isinstance(a, torch.Tensor) else a for a in args)

@@ -268,7 +268,7 @@ LOAD_CHECK = """
 import sys, torch
 import yolofast.ops._schemas  # the schemas
 torch.ops.load_library(sys.argv[1])
-for op in ("tal_assign", "bbox_loss", "ema_update"):
+for op in ("tal_assign", "bbox_loss", "ema_update", "ns_orthogonalize"):
     assert torch._C._dispatch_has_kernel_for_dispatch_key(f"yolofast::{op}", "CUDA"), op
 print("CUDA-KERNELS-OK")
 """
@@ -298,7 +298,8 @@ def test_cuda_extension_compiles_for_sm90(tmp_path):
     assert res.returncode == 0 and line, res.stdout + res.stderr
     report = json.loads(line[len("REPORT") :])
     assert report["ok"], f"{report['reason']}\n{report['log']}"
-    want = {"cuda/tal_assign_kernel.cu", "cuda/bbox_loss_kernel.cu", "cuda/ema_update_kernel.cu"}
+    want = {"cuda/tal_assign_kernel.cu", "cuda/bbox_loss_kernel.cu", "cuda/ema_update_kernel.cu",
+            "cuda/ns_orthogonalize_cuda.cpp"}
     assert want <= set(report["sources"]) and "arch:9.0" in report["flags"]
     res = _python(LOAD_CHECK, report["library"])
     assert res.returncode == 0 and "CUDA-KERNELS-OK" in res.stdout, res.stdout + res.stderr

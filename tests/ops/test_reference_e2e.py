@@ -255,7 +255,9 @@ def test_routing_rule_sends_the_new_arguments_to_the_reference(monkeypatch):
     assert _TA.topk2_backend("cpp", 10, None) == "cpp" and _TA.topk2_backend("cpp", 7, 7) == "cpp"
     # every assigner kernel implements topk2
     assert _TA.topk2_backend("cpp", 7, 1) == "cpp" and _TA.topk2_backend("triton", 7, 1) == "triton"
-    assert _BL.reg_max_backend("cpp", 16) == "cpp" and _BL.reg_max_backend("cuda", 1) == "ref"
+    assert _BL.reg_max_backend("cpp", 16) == "cpp" and _BL.reg_max_backend("cpp", 1) == "ref"
+    # the CUDA and Triton (B, A, .) kernels implement reg_max 1; the C++ one does in the maps form only
+    assert _BL.reg_max_backend("cuda", 1) == "cuda" and _BL.reg_max_backend("triton", 1) == "triton"
     # the plug-in point: a backend not listed as implementing the argument sends the call to the reference
     monkeypatch.setattr(_TA, "TOPK2_BACKENDS", frozenset({"ref"}))
     assert _TA.topk2_backend("cpp", 7, 1) == "ref"

@@ -37,7 +37,11 @@ def bbox_loss(mod) -> list[tuple]:
         "BLOCK": "constexpr",
     }
     reduce = (mod._bbox_loss_reduce_kernel, red_sig, {"BLOCK": mod.BLOCK_R}, {})
-    return [(mod._bbox_loss_kernel, sig, main, {}), reduce]
+    # reg_max 1 (YOLO26): raw distances, each anchor's stride (st_ptr), the image's H and W (fp32 scalars)
+    l1_sig = {k: v for k, v in sig.items() if k not in ("gd_dfl_ptr", "R")}
+    l1_sig.update(st_ptr="*fp32", gd_l1_ptr="*fp32", img_h="fp32", img_w="fp32")
+    l1 = {k: v for k, v in main.items() if k != "R"}
+    return [(mod._bbox_loss_kernel, sig, main, {}), (mod._bbox_loss_l1_kernel, l1_sig, l1, {}), reduce]
 
 
 def ema_update(mod) -> list[tuple]:

@@ -49,6 +49,7 @@ _COMPILED = {
     ("head_decode", "cpp"): "head_decode",
     ("head_decode.boxes", "cpp"): "head_decode_boxes",
     ("ns_orthogonalize", "cpp"): "ns_orthogonalize",
+    ("ns_orthogonalize", "cuda"): "ns_orthogonalize",
 }
 # Compiled forms that decode the head's maps with DFL bins: reg_max >= 2 only; a reg_max 1 head (YOLO26: raw
 # distances) gets the composed form on the same backend. The C++ tal_assign.maps and bbox_loss.maps read

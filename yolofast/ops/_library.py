@@ -76,10 +76,22 @@ def bbox_loss(
     target_bboxes: Tensor,
     target_scores: Tensor,
     fg_mask: Tensor,
+    stride_tensor: Tensor | None = None,
+    img_hw: tuple[float, float] | None = None,
 ) -> Tensor:
     """Compiled ``bbox_loss``: (3,) [L_box, L_cls, L_dfl] as ``reference.bbox_loss_ref``, differentiable
-    w.r.t. pred_dist and pred_scores (the gradients are computed in the forward pass); the CUDA backend's."""
+    w.r.t. pred_dist and pred_scores (the gradients are computed in the forward pass); the CUDA backend's.
+    reg_max 1 (pred_dist (B, A, 4) raw distances): [L_box, L_cls, L_l1] by ``bbox_loss.l1``, with
+    stride_tensor (A, 1) and img_hw (H, W) required."""
     _ensure_loaded()
+    if pred_dist.dim() == 3 and pred_dist.shape[-1] == 4:
+        if stride_tensor is None or img_hw is None:
+            raise ValueError("bbox_loss: reg_max 1 (raw distances, L1 term) needs stride_tensor (A, 1) and "
+                             "img_hw (H, W) of the batch image to normalise the distances")
+        return torch.ops.yolofast.bbox_loss.l1(
+            pred_dist, pred_scores, anchor_points, target_bboxes, target_scores, fg_mask, stride_tensor,
+            float(img_hw[0]), float(img_hw[1]),
+        )[0]
     return torch.ops.yolofast.bbox_loss(
         pred_dist, pred_scores, anchor_points, target_bboxes, target_scores, fg_mask
     )[0]

@@ -16,6 +16,10 @@ Ops (tensor shapes as in ``reference.py``):
       all in the compute dtype (float64 if pred_dist or pred_scores is float64, else float32). The grads
       are those of S*L_box, S*L_dfl, S*L_cls w.r.t. the logits and inv_s = 1/S, so backward is
       ``grad_pred_dist = gd_box*(g[0]*inv_s) + gd_dfl*(g[2]*inv_s)``, ``grad_pred_scores = gs*(g[1]*inv_s)``.
+  bbox_loss.l1(pred_dist, pred_scores, anchor_points, target_bboxes, target_scores, fg_mask, stride_tensor,
+               img_h, img_w) -> the same outputs for reg_max 1 (CUDA): pred_dist (B, A, 4) raw distances,
+      losses [L_box, L_cls, L_l1] and the L1 gradient in grad_dist_dfl's place; stride_tensor (A,) or (A, 1)
+      each anchor's stride, img_h x img_w the batch image (reference.bbox_loss_ref's stride_tensor, img_hw).
   bbox_loss.rows(pred_dist, pred_scores, anchor_points, target_bboxes, target_scores, fg_mask, compact=True)
       -> (losses (3,), grad_scores (B,A,C), fg_rows (N, 2, 4R), fg_index (N,) int64, inv_s ())
       bbox_loss on the CPU with the box and DFL gradients of the foreground anchors only, as bbox_loss_maps
@@ -80,6 +84,11 @@ _lib.define(
 _lib.define(
     "bbox_loss(Tensor pred_dist, Tensor pred_scores, Tensor anchor_points, Tensor target_bboxes, "
     "Tensor target_scores, Tensor fg_mask) -> (Tensor, Tensor, Tensor, Tensor, Tensor)"
+)
+_lib.define(
+    "bbox_loss.l1(Tensor pred_dist, Tensor pred_scores, Tensor anchor_points, Tensor target_bboxes, "
+    "Tensor target_scores, Tensor fg_mask, Tensor stride_tensor, float img_h, float img_w) "
+    "-> (Tensor, Tensor, Tensor, Tensor, Tensor)"
 )
 _lib.define(
     "bbox_loss.rows(Tensor pred_dist, Tensor pred_scores, Tensor anchor_points, Tensor target_bboxes, "
@@ -161,6 +170,12 @@ def _bbox_loss_fake(pred_dist, pred_scores, anchor_points, target_bboxes, target
     )
 
 
+@torch.library.register_fake("yolofast::bbox_loss.l1", lib=_lib)
+def _bbox_loss_l1_fake(pred_dist, pred_scores, anchor_points, target_bboxes, target_scores, fg_mask,
+                       stride_tensor, img_h, img_w):
+    return _bbox_loss_fake(pred_dist, pred_scores, anchor_points, target_bboxes, target_scores, fg_mask)
+
+
 @torch.library.register_fake("yolofast::bbox_loss.rows", lib=_lib)
 def _bbox_loss_rows_fake(pred_dist, pred_scores, anchor_points, target_bboxes, target_scores, fg_mask,
                          compact=True):
@@ -238,6 +253,11 @@ torch.library.register_autograd(
 )
 
 torch.library.register_autograd(
+    "yolofast::bbox_loss.l1", _bbox_loss_grad.l1_backward, setup_context=_bbox_loss_grad.setup_context,
+    lib=_lib
+)
+
+torch.library.register_autograd(
     "yolofast::bbox_loss.rows",
     _bbox_loss_grad.rows_backward,
     setup_context=_bbox_loss_grad.setup_context,
@@ -274,4 +294,5 @@ torch.library.register_autograd(
 for _device in ("cpu", "cuda"):
     torch.library.register_autocast("yolofast::bbox_loss", _device, torch.float32, lib=_lib)
     torch.library.register_autocast("yolofast::bbox_loss.rows", _device, torch.float32, lib=_lib)
+    torch.library.register_autocast("yolofast::bbox_loss.l1", _device, torch.float32, lib=_lib)
     torch.library.register_autocast("yolofast::bbox_loss_maps", _device, torch.float32, lib=_lib)

@@ -1,4 +1,5 @@
-"""Public ``bbox_loss``: CIoU + DFL + BCE losses, dispatched to the selected backend (see _backend.py).
+"""Public ``bbox_loss``: CIoU + DFL (or, for reg_max 1, L1) + BCE losses, dispatched to the selected backend
+(see _backend.py).
 
 ``bbox_loss`` takes (B, A, .) tensors; ``bbox_loss_maps`` takes the Detect head's per-level maps as they
 are: the C++ kernel reads them in place and returns gradients in their layout, the other backends get the
@@ -14,14 +15,15 @@ from yolofast.ops._composed import dense_target_scores, maps_to_rows
 
 __all__ = ["bbox_loss", "bbox_loss_maps", "dense_target_scores", "maps_to_rows"]
 
-# Backends whose bbox_loss kernels implement reg_max 1 (YOLO26: raw distances, the L1 term instead of DFL,
-# YOLO11_YOLO26.md §4.2). The C++/CUDA/Triton kernels are DFL-only today, so a reg_max 1 call runs the
-# reference whatever backend is selected or forced: a rule of this op, tested, not a fallback
-# (``reg_max_backend``). A kernel that implements it adds its backend's name here.
-REG_MAX1_BACKENDS = frozenset({"ref"})
-# The same for the maps form (bbox_loss_maps, what the loss calls): the C++ kernel reads reg_max 1 maps in
-# place (no cat), the CIoU, L1 and BCE gradients computed in the forward pass.
-REG_MAX1_MAPS_BACKENDS = frozenset({"ref", "cpp"})
+# Backends whose (B, A, .) bbox_loss kernels implement reg_max 1 (YOLO26: raw distances, the L1 term instead
+# of DFL, YOLO11_YOLO26.md §4.2): CUDA (yolofast::bbox_loss.l1) and Triton (bbox_loss_l1_triton), the CIoU,
+# L1 and BCE gradients computed in the forward pass. The C++ backend implements it in the maps form only
+# (below), so a (B, A, .) reg_max 1 call there runs the reference: a rule of this op, tested, not a
+# fallback (``reg_max_backend``). A kernel that implements it adds its backend's name here.
+REG_MAX1_BACKENDS = frozenset({"ref", "cuda", "triton"})
+# The same for the maps form (bbox_loss_maps, what the loss calls): every backend. The C++ kernel reads
+# reg_max 1 maps in place (no cat); CUDA and Triton get the (B, A, .) tensors of one cat per map, as for DFL.
+REG_MAX1_MAPS_BACKENDS = frozenset({"ref", "cpp", "cuda", "triton"})
 
 
 def reg_max_backend(name: str, reg_max: int) -> str:
