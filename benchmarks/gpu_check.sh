@@ -2,10 +2,11 @@
 # The GPU check, in one script: within 8 minutes on one H200 with no network it
 #   1. makes the checkout importable (editable install without deps, else a path shim; no venv needed),
 #   2. builds the C++ and CUDA extensions (nvcc; the build time is printed),
-#   3. runs every CUDA and Triton test of the ops (TRITON_INTERPRET=0: compiled Triton on the GPU),
+#   3. runs every CUDA and Triton test of the ops (TRITON_INTERPRET=0: compiled Triton on the GPU; the
+#      marks select them, YOLO26's reg_max 1 loss in tests/ops/test_bbox_loss_l1_kernels.py included),
 #   4. runs the engine's CUDA tests: CUDA-graph step == eager (class and whole trainer), AutoBatch,
-#   5. times each op -- CUDA vs Triton vs reference, B=16/64, 640 px, 80 classes, 50/1000 GT/img -- and
-#      prints one table, also written to $OUT/gpu_table.md (benchmarks/results/ when $OUT is unset),
+#   5. times each op -- CUDA vs Triton vs reference, B=16/64, 640 px, 80 classes, 50/1000 GT/img; the
+#      reg_max 1 (L1) bbox_loss at B=64 -- and prints one table, also written to $OUT/gpu_table.md (benchmarks/results/ when $OUT is unset),
 #   6. times the whole yolov8n train step at 640 px batch 64: eager bf16 vs its CUDA graph (images/s), and
 #      Ultralytics' step beside them when its wheel was carried in .whl/ (benchmarks/fetch_gpu_wheels.sh),
 #   7. the data loader: augment_device's CUDA tests and table (nvJPEG + batched ops vs the CPU path).
