@@ -254,6 +254,25 @@ class TestTritonL1:
 
         check_public_maps("triton", TRITON_DEV, triton_module, "bbox_loss", monkeypatch)
 
+    def test_opcheck(self):
+        # fake-tensor and AOT checks trace compiled Triton kernels only (a GPU), as test_bbox_loss.py's
+        utils = ("test_schema", "test_autograd_registration") + (
+            () if TRITON_DEV == "cpu" else ("test_faketensor", "test_aot_dispatch_dynamic"))
+        *six, stride, hw = _dev(l1_inputs(1, 3, (64.0, 64.0), 16))
+        six[0].requires_grad_()
+        six[1].requires_grad_()
+        torch.library.opcheck(torch.ops.yolofast.bbox_loss_l1_triton.default, (*six, stride, *hw),
+                              test_utils=utils)
+
+    @pytest.mark.skipif(TRITON_DEV == "cpu", reason="torch.compile traces Triton kernels only when compiled")
+    def test_torch_compile_fullgraph_matches_eager(self):
+        args = _dev(l1_inputs(2, 5, (64.0, 96.0), 17))
+        eager = losses_and_grads(triton_bbox_loss, args)
+        compiled = torch.compile(lambda *a: triton_bbox_loss(*a), fullgraph=True)
+        got = losses_and_grads(compiled, args)
+        for a, b in zip(got, eager):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-9)
+
     def test_shape_errors_name_the_argument(self):
         pd, ps, anc, tb, ts, fg, stride, hw = _dev(l1_inputs(1, 3, (64.0, 64.0), 13))
         with pytest.raises(ValueError, match="stride_tensor"):
