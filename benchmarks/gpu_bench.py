@@ -8,8 +8,9 @@ Writes one markdown table (default: $OUT/gpu_table.md, else benchmarks/results/g
 Per op and backend: the median of CUDA-event timings (wall clock on the CPU), the peak memory the call adds
 (torch.cuda.max_memory_allocated), the speed-up over the reference, and whether the result agrees with the
 reference's (integer outputs of the assigner exactly, losses to 1e-5). bbox_loss is timed forward +
-backward; ema_update over a yolov8s-sized flat fp32 state (11.2 M values), with torch._foreach_lerp_ over
-the per-tensor state as an extra baseline. A backend that is not available, runs out of memory or fails
+backward, with DFL (reg_max 16) and, at the largest batch, YOLO26's L1 form (reg_max 1, raw distances);
+ema_update over a yolov8s-sized flat fp32 state (11.2 M values), with torch._foreach_lerp_ over the
+per-tensor state as an extra baseline. A backend that is not available, runs out of memory or fails
 gets a row that says so; nothing here aborts the table.
 
 Scenes are generated on the device (seeded): GT boxes with log-uniform sides (4 px up to ~4*imgsz/sqrt(n))
@@ -241,7 +242,52 @@ def _agree_loss(out, ref) -> str:
     return f"rel {rel:.1e}" + ("" if rel < 1e-5 else " (!)")
 
 
-def run_scene(rows, device, B, imgsz, nc, n_gt, seed=0):
+def l1_args(sc: dict, l_args: tuple) -> tuple:
+    """YOLO26's (reg_max 1) loss inputs from the same scene: the raw distances are the DFL head's decoded
+    sides (the expectation over its bins), the targets and scores the same."""
+    B, A, R4 = sc["pred_dist"].shape
+    bins = torch.arange(R4 // 4, device=sc["pred_dist"].device, dtype=torch.float32)
+    raw = sc["pred_dist"].view(B, A, 4, R4 // 4).softmax(-1) @ bins
+    return (raw, *l_args[1:])
+
+
+def _run_loss(rows, dt, label, op, l_args, device, **extra):
+    """op's rows: bbox_loss forward + backward on every backend; extra = the reg_max 1 geometry or {}."""
+    from yolofast.ops.bbox_loss import REG_MAX1_BACKENDS
+
+    pd = l_args[0].detach().clone().requires_grad_()
+    ps = l_args[1].detach().clone().requires_grad_()
+    upstream = torch.tensor([7.5, 0.5, 1.5], device=device)
+    ref_loss, ref_ms = None, None
+    for name, fn, note in implementations("bbox_loss", dt):
+        if extra and fn is not None and name not in REG_MAX1_BACKENDS:
+            fn, note = None, "no reg_max 1 kernel of this form (C++: the maps form, bbox_loss_maps)"
+        if fn is None:
+            rows.append((op, label, name, f"n/a: {note}", None, None, "-"))
+            continue
+
+        def step(fn=fn):
+            pd.grad = ps.grad = None
+            loss = fn(pd, ps, *l_args[2:], **extra)
+            (loss * upstream).sum().backward()
+            return loss
+
+        try:
+            loss = step().detach()
+            if name == "ref":
+                ref_loss = loss
+            agree = "reference" if name == "ref" else _agree_loss(loss, ref_loss)
+            ms, peak, reps = measure(step, dt)
+            ref_ms = ms if name == "ref" else ref_ms
+            rows.append((op, label, name, f"{reps} reps", ms, peak, agree, ref_ms))
+        except Exception as e:  # noqa: BLE001
+            msg = "OOM" if _is_oom(e) else f"failed: {type(e).__name__}: {str(e)[:120]}"
+            rows.append((op, label, name, msg, None, None, "-"))
+        _free(dt)
+
+
+def run_scene(rows, device, B, imgsz, nc, n_gt, seed=0, l1=True):
+    """The scene's rows: tal_assign (and its topk2 form), bbox_loss; l1: also YOLO26's reg_max 1 loss."""
     dt = torch.device(device).type
     label = f"B={B}, {n_gt} GT"
     try:
@@ -280,33 +326,10 @@ def run_scene(rows, device, B, imgsz, nc, n_gt, seed=0):
         return
     l_args = loss_args(sc, assigned)
     del assigned, ref_out
-    pd = l_args[0].detach().clone().requires_grad_()
-    ps = l_args[1].detach().clone().requires_grad_()
-    upstream = torch.tensor([7.5, 0.5, 1.5], device=device)
-    ref_loss, ref_ms = None, None
-    for name, fn, note in implementations("bbox_loss", dt):
-        if fn is None:
-            rows.append(("bbox_loss fwd+bwd", label, name, f"n/a: {note}", None, None, "-"))
-            continue
-
-        def step(fn=fn):
-            pd.grad = ps.grad = None
-            loss = fn(pd, ps, *l_args[2:])
-            (loss * upstream).sum().backward()
-            return loss
-
-        try:
-            loss = step().detach()
-            if name == "ref":
-                ref_loss = loss
-            agree = "reference" if name == "ref" else _agree_loss(loss, ref_loss)
-            ms, peak, reps = measure(step, dt)
-            ref_ms = ms if name == "ref" else ref_ms
-            rows.append(("bbox_loss fwd+bwd", label, name, f"{reps} reps", ms, peak, agree, ref_ms))
-        except Exception as e:  # noqa: BLE001
-            msg = "OOM" if _is_oom(e) else f"failed: {type(e).__name__}: {str(e)[:120]}"
-            rows.append(("bbox_loss fwd+bwd", label, name, msg, None, None, "-"))
-        _free(dt)
+    _run_loss(rows, dt, label, "bbox_loss fwd+bwd", l_args, device)
+    if l1:
+        _run_loss(rows, dt, label, "bbox_loss L1 fwd+bwd", l1_args(sc, l_args), device,
+                  stride_tensor=sc["stride"], img_hw=(float(imgsz), float(imgsz)))
 
 
 def _ema_shapes(model: str) -> list[tuple[int, ...]]:
@@ -446,7 +469,8 @@ def main(argv=None) -> int:
     for B in batches:
         for n_gt in n_gts:
             with contextlib.suppress(KeyboardInterrupt):
-                run_scene(rows, device, B, cfg["imgsz"], cfg["nc"], n_gt)
+                # YOLO26's reg_max 1 loss at the largest batch only: the step's time limit (gpu_check.sh)
+                run_scene(rows, device, B, cfg["imgsz"], cfg["nc"], n_gt, l1=max(batches) == B)
             print(f"gpu_bench: B={B}, {n_gt} GT done at {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     run_ema(rows, device, cfg["ema"])
     text = render(rows, header_text(device, args.dry_run))

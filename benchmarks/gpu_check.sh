@@ -2,16 +2,19 @@
 # The GPU check, in one script: within 8 minutes on one H200 with no network it
 #   1. makes the checkout importable (editable install without deps, else a path shim; no venv needed),
 #   2. builds the C++ and CUDA extensions (nvcc; the build time is printed),
-#   3. runs every CUDA and Triton test of the ops (TRITON_INTERPRET=0: compiled Triton on the GPU),
+#   3. runs every CUDA and Triton test of the ops (TRITON_INTERPRET=0: compiled Triton on the GPU; the
+#      marks select them, YOLO26's reg_max 1 loss in tests/ops/test_bbox_loss_l1_kernels.py included),
 #   4. runs the engine's CUDA tests: CUDA-graph step == eager (class and whole trainer), AutoBatch,
-#   5. times each op -- CUDA vs Triton vs reference, B=16/64, 640 px, 80 classes, 50/1000 GT/img -- and
-#      prints one table, also written to $OUT/gpu_table.md (benchmarks/results/ when $OUT is unset),
+#   5. times each op -- CUDA vs Triton vs reference, B=16/64, 640 px, 80 classes, 50/1000 GT/img; the
+#      reg_max 1 (L1) bbox_loss at B=64 -- and prints one table, also written to $OUT/gpu_table.md
+#      (benchmarks/results/ when $OUT is unset),
+#   5b. times YOLO26's loss step (both heads, reg_max 1) on ref/CUDA/Triton (`yolofast bench`, 640 px B=16),
 #   6. times the whole yolov8n train step at 640 px batch 64: eager bf16 vs its CUDA graph (images/s), and
 #      Ultralytics' step beside them when its wheel was carried in .whl/ (benchmarks/fetch_gpu_wheels.sh),
 #   7. the data loader: augment_device's CUDA tests and table (nvJPEG + batched ops vs the CPU path).
-# Each step has its own time limit (90 + 130 + 80 + 120 + 60 + 45 + 60 s) so that the whole run stays under 10 minutes even
-# when a step hangs; a failing step is reported and the next one still runs. Exit status: 0 when every
-# step passed, else the number of failed steps.
+# Each step has its own time limit (90 + 130 + 80 + 120 + 45 + 60 + 45 + 60 s = 630 s) so that the whole run
+# stays near 10 minutes even when a step hangs; a failing step is reported and the next one still runs. Exit
+# status: 0 when every step passed, else the number of failed steps.
 #
 #   bash benchmarks/gpu_check.sh            # PYTHON=python3.12 to pick the interpreter
 set -u -o pipefail
@@ -104,6 +107,11 @@ record "engine tests (log: $RESULTS/gpu_engine_tests.log)" "${PIPESTATUS[0]}"
 step "timing table"
 timeout 120 "$PY" benchmarks/gpu_bench.py --out "$RESULTS/gpu_table.md"
 record "timing table ($RESULTS/gpu_table.md)" $?
+
+step "YOLO26 loss step (E2EDetectionLoss, both heads: topk2 assignment, reg_max 1 losses): ref vs cuda vs triton"
+timeout 45 "$PY" -m yolofast bench ops --device cuda --preset gpu-loss26-b16-640-50gt --rounds 5 \
+  --max-case-seconds 25 --json "$RESULTS/gpu_loss26.json" 2>&1 | tee "$RESULTS/gpu_loss26.txt" | tail -15
+record "YOLO26 loss step ($RESULTS/gpu_loss26.txt)" "${PIPESTATUS[0]}"
 
 step "train step yolov8n 640 px b64: eager bf16 vs CUDA graph (vs Ultralytics' fp16 AMP when carried)"
 YOLO_OFFLINE=1 timeout 60 "$PY" benchmarks/bench_train_step.py bf16_cl graph_bf16_cl ultralytics --device cuda \

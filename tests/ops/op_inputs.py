@@ -48,7 +48,7 @@ def losses_and_grads(fn, args, upstream=(0.7, 1.3, -0.4)):
     pd = args[0].detach().clone().requires_grad_()
     ps = args[1].detach().clone().requires_grad_()
     out = fn(pd, ps, *args[2:])
-    (out * torch.tensor(upstream, dtype=out.dtype)).sum().backward()
+    (out * torch.tensor(upstream, dtype=out.dtype, device=out.device)).sum().backward()
     return out.detach(), pd.grad, ps.grad
 
 
