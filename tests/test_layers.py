@@ -55,9 +55,6 @@ LAYERS = [  # module-name prefixes, bottom first; a module takes the layer of it
 
 KNOWN_BAD = {  # (importer, imported): lazy imports, each with what it reads
     ("yolofast.engine.trainer", "yolofast.doctor"),  # Trainer.doctor() runs the doctor on the trainer
-    ("yolofast.predict.predictor", "yolofast.engine.trainer"),  # increment_path (the run-folder rule)
-    ("yolofast.val.validator", "yolofast.engine.trainer"),  # increment_path
-    ("yolofast.val.validator", "yolofast.engine.checkpoint"),  # load_checkpoint of the weights to validate
 }
 
 
