@@ -8,7 +8,9 @@ The layer order, bottom first (docs/layout.md states the same):
     by relative imports, never ``yolofast.*``
  2. ``yolofast.boxes``, ``yolofast.cfg``: leaves of the package
  3. ``yolofast.ops``, itself in order: ``reference`` (the spec) < ``_schemas`` (op schemas, fakes, autograd)
-    < ``_build`` (build and load the extensions) < ``_library`` (the compiled callables) < ``_composed``
+    < ``_toolchain`` (compiler, flags, CUDA toolkit) < ``_build_cache`` (cache key, folder, lock, the
+    locked build) < ``_compile_ext`` (the cpp_extension calls) < ``_build`` (find the sources, build and
+    load the extensions) < ``_library`` (the compiled callables) < ``_composed``
     (forms composed of torch ops) < ``_backend`` (which implementation runs) < the public wrappers
     (``tal_assign``, ``bbox_loss``, ``head_decode``, ``ema_update``) < the package ``yolofast.ops``
  4. ``yolofast.data``, ``yolofast.nn``, ``yolofast.loss`` (the model's ``loss()`` builds its criterion),
@@ -36,6 +38,9 @@ LAYERS = [  # module-name prefixes, bottom first; a module takes the layer of it
     ("yolofast.boxes", "yolofast.cfg"),
     ("yolofast.ops.reference",),
     ("yolofast.ops._schemas",),
+    ("yolofast.ops._toolchain",),
+    ("yolofast.ops._build_cache",),
+    ("yolofast.ops._compile_ext",),
     ("yolofast.ops._build",),
     ("yolofast.ops._library",),
     ("yolofast.ops._composed",),
@@ -55,9 +60,6 @@ LAYERS = [  # module-name prefixes, bottom first; a module takes the layer of it
 
 KNOWN_BAD = {  # (importer, imported): lazy imports, each with what it reads
     ("yolofast.engine.trainer", "yolofast.doctor"),  # Trainer.doctor() runs the doctor on the trainer
-    ("yolofast.predict.predictor", "yolofast.engine.trainer"),  # increment_path (the run-folder rule)
-    ("yolofast.val.validator", "yolofast.engine.trainer"),  # increment_path
-    ("yolofast.val.validator", "yolofast.engine.checkpoint"),  # load_checkpoint of the weights to validate
 }
 
 

@@ -316,10 +316,8 @@ def cmd_info(argv) -> int:
         ok, why = _build.extension_status(kind)
         print(f"{kind} extension: {'loaded' if ok else 'not loaded'} ({why})")
         if kind == "cpp" and ok:
-            from yolofast.ops import _library
-
             print(f"cpp build: -march={_build.cpu_arch()} (set {_build.CPU_ARCH_ENV}, e.g. x86-64-v3 for "
-                  f"AVX2 CPUs), {_library.simd_lanes()} floats per SIMD vector")
+                  f"AVX2 CPUs), {_backend.simd_lanes()} floats per SIMD vector")
     for dev in devices:
         print(f"\nbackends on {dev}:")
         for op, chosen, why in _backend.describe(dev):

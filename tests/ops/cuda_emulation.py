@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from yolofast.ops import _build
+from yolofast.ops import _build, _build_cache
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -73,7 +73,7 @@ def build_emulation() -> str:
     build_dir = _build.cache_root() / f"cuda-emu-{h.hexdigest()[:16]}"
     gen = build_dir / "src"
     done = build_dir / "OK"
-    with _build._file_lock(_build.cache_root() / f"{build_dir.name}.lock"):
+    with _build_cache._file_lock(_build.cache_root() / f"{build_dir.name}.lock"):
         if done.exists() and (build_dir / done.read_text().strip()).is_file():
             return str(build_dir / done.read_text().strip())
         shutil.rmtree(gen, ignore_errors=True)

@@ -28,7 +28,7 @@ from op_inputs import (
     random_scene,
 )
 
-from yolofast.ops import _build, reference
+from yolofast.ops import _build, _compile_ext, _toolchain, reference
 from yolofast.ops.reference import ema_update_ref
 
 REPO = Path(__file__).resolve().parents[2]
@@ -162,7 +162,7 @@ def test_concurrent_first_builds_compile_once(tmp_path, monkeypatch):
             active[0] -= 1
         return str(lib)
 
-    monkeypatch.setattr(_build, "_compile", fake_compile)
+    monkeypatch.setattr(_compile_ext, "_compile", fake_compile)
     reports = []
     threads = [
         threading.Thread(target=lambda: reports.append(_build._build_or_load(False, False))) for _ in range(3)
@@ -182,7 +182,7 @@ def test_failed_build_reports_the_compiler_error(tmp_path, monkeypatch):
     (tmp_path / "cpu" / "broken_kernel.cpp").write_text("int main( {\n")
     monkeypatch.setenv("YOLOFAST_CSRC", str(tmp_path))
     monkeypatch.setenv("YOLOFAST_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(_build, "CPU_FLAGS", ("-O0",))  # fail fast
+    monkeypatch.setattr(_toolchain, "CPU_FLAGS", ("-O0",))  # fail fast
     report = _build._build_or_load(force=False, verbose=False)
     assert not report.ok
     assert "error" in report.reason and "build.log" in report.reason
@@ -197,7 +197,7 @@ def test_one_broken_kernel_file_does_not_cost_the_others(tmp_path, monkeypatch):
     (tmp_path / "cpu" / "broken_kernel.cpp").write_text("int yolofast_broken( {\n")
     monkeypatch.setenv("YOLOFAST_CSRC", str(tmp_path))
     monkeypatch.setenv("YOLOFAST_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(_build, "CPU_FLAGS", ("-O0",))
+    monkeypatch.setattr(_toolchain, "CPU_FLAGS", ("-O0",))
     report = _build._build_or_load(force=False, verbose=False)
     assert report.ok and Path(report.library).is_file(), report.reason
     assert list(report.excluded) == ["cpu/broken_kernel.cpp"]
@@ -214,7 +214,7 @@ def test_cpu_arch_is_validated_and_keys_the_cache(monkeypatch):
     assert _build.cpu_flags()[-1] == "-march=x86-64-v3"
     root = _build.csrc_dir()
     srcs, heads = _build._cpu_sources(root), _build._headers(root)
-    keys = {arch: _build._cache_key(srcs, heads, [*_build.CPU_FLAGS, f"-march={arch}"])
+    keys = {arch: _build._cache_key(srcs, heads, [*_toolchain.CPU_FLAGS, f"-march={arch}"])
             for arch in ("native", "x86-64-v3", "x86-64-v4")}
     assert len(set(keys.values())) == 3
     for bad in ("x86 64", "-O0", "native;rm", ""):

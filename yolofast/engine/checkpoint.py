@@ -6,9 +6,10 @@ module), ema (EMA module), updates (EMA steps), optimizer / scaler / scheduler s
 On disk (``format`` = "yolofast/2") the modules are fp32 state_dicts next to ``model_cfg`` (the
 ``build_model`` config, nc, names, stride) and every other entry is plain data (numpy arrays of the RNG
 state become tensors), so ``torch.load(path, weights_only=True)`` reads a yolofast checkpoint and no code
-stored in it can run. ``load_checkpoint`` reads that format, the older one that pickled the modules, and
-Ultralytics' files, all through ``yolofast.io`` (no pickle code runs), and rebuilds the modules, so a
-resumed run continues bit-exactly from the same fp32 numbers.
+stored in it can run. ``load_checkpoint`` (``yolofast.io.build``, re-exported here: validation reads
+weights with it too) reads that format, the older one that pickled the modules, and Ultralytics' files, all
+through ``yolofast.io`` (no pickle code runs), and rebuilds the modules, so a resumed run continues
+bit-exactly from the same fp32 numbers.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import numpy as np
 import torch
 
 from yolofast.cfg import CfgError
-from yolofast.io import FORMAT, read_checkpoint, to_plain
+from yolofast.io import FORMAT, to_plain
+from yolofast.io.build import load_checkpoint  # below val, which reads weights with it; re-exported
 from yolofast.io.errors import CheckpointError
 
 __all__ = ["save_checkpoint", "load_checkpoint", "rng_state", "set_rng_state", "find_last_checkpoint",
@@ -88,36 +90,6 @@ def save_checkpoint(ckpt: dict, path: str | Path) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
-
-
-def _module(info: dict, sd: dict | None, ema: bool) -> torch.nn.Module | dict | None:
-    """A fp32 yolofast module holding ``sd`` (train mode with trainable weights, or the eval-mode EMA)."""
-    if sd is None:
-        return None
-    if info["cfg"] is None:
-        return sd  # a custom module's weights: the caller builds the module (see to_file_format)
-    from yolofast.io import load_weights
-    from yolofast.nn import build_model
-
-    m = build_model(info["cfg"], nc=info["nc"])
-    load_weights(m, sd, f"checkpoint '{info['path']}'")
-    m.names = info["names"]
-    for n, p in m.named_parameters():  # as the Trainer sets them: the DFL's fixed bins never train
-        p.requires_grad_(not ema and ".dfl." not in n)
-    return m.eval() if ema else m
-
-
-def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
-    """Load a checkpoint as the trainer wrote it: its entries, with ``model``/``ema`` rebuilt as fp32
-    yolofast modules (``ema`` None when the file has none). Reads yolofast's format, the older pickled one
-    and Ultralytics' files safely (``yolofast.io.read_checkpoint``); ``source`` says which wrote it."""
-    path = Path(path)
-    info = read_checkpoint(path, map_location)
-    ckpt = dict(info["train_state"])
-    ckpt["model"] = _module(info, info.get("model_state_dict") or info["state_dict"], ema=False)
-    ckpt["ema"] = _module(info, info.get("ema_state_dict"), ema=True)
-    ckpt["source"] = info["source"]
-    return ckpt
 
 
 def check_resumable(ckpt: dict, path: str | Path) -> None:

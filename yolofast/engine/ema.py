@@ -12,7 +12,8 @@ from torch import nn
 
 from yolofast.engine.distributed import unwrap_model
 from yolofast.ops import ema_update
-from yolofast.ops._backend import backend_name, requested_backend
+from yolofast.ops._backend import requested_backend
+from yolofast.ops.ema_update import ema_plan
 
 
 def _state_tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -169,13 +170,10 @@ class ModelEMA:
             return False
         model, settings, plan = unwrap_model(model, student=True), (self.decay, self.tau), self._plan
         if plan is None or not plan.current(model, settings):
-            if backend_name("ema_update", "cpu") != "cpp":
+            compiled = ema_plan(self._tensors, self._model_tensors(model), *settings)
+            if compiled is None:  # ema_update runs on a backend without the plan (not C++)
                 return False
-            from yolofast.ops import _library
-
-            src = self._model_tensors(model)
-            self._plan = plan = _Plan(model, self._source[1], settings,
-                                      _library.ema_plan(self._tensors, src, *settings))
+            self._plan = plan = _Plan(model, self._source[1], settings, compiled)
         plan.step(self._updates)
         return True
 

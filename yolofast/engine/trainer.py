@@ -74,22 +74,12 @@ from yolofast.engine.recovery import NonFiniteGuard, OutOfMemoryHalving, is_out_
 from yolofast.engine.schedule import Schedule
 from yolofast.engine.state import RunState, RunViews, TrainParts
 from yolofast.engine.validate_args import training_data, validate_args
+from yolofast.io.paths import increment_path
 
 # select_device, init_seeds, cpu_has_native_bf16: yolofast/engine/device.py (re-exported here)
 __all__ = ["Trainer", "RESULTS_COLUMNS", "cpu_has_native_bf16", "select_device", "increment_path",
            "init_seeds"]
 _VAL_CONF = 0.001  # what conf=None means for validation (Ultralytics' val default)
-
-
-def increment_path(path: str | Path, exist_ok: bool = False) -> Path:
-    """runs/train/train -> train2, train3, ... unless ``exist_ok`` or the folder does not exist yet."""
-    path = Path(path)
-    if exist_ok or not path.exists():
-        return path
-    n = 2
-    while (p := path.with_name(f"{path.name}{n}")).exists():
-        n += 1
-    return p
 
 
 def _fp32(feats):

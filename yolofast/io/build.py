@@ -1,4 +1,6 @@
-"""``model_from_checkpoint``: a checkpoint (path or ``read_checkpoint`` dict) -> a yolofast model."""
+"""A checkpoint -> yolofast modules: ``model_from_checkpoint`` (path or ``read_checkpoint`` dict -> the model
+to run) and ``load_checkpoint`` (path -> the trainer's entries with ``model``/``ema`` rebuilt, for resume,
+validation and the CLI)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from torch import nn
 from yolofast.io.errors import CheckpointError
 from yolofast.io.reader import read_checkpoint
 
-__all__ = ["model_from_checkpoint", "load_weights"]
+__all__ = ["model_from_checkpoint", "load_checkpoint", "load_weights"]
 
 
 def load_weights(model: nn.Module, sd: dict, where: str) -> None:
@@ -56,3 +58,31 @@ def model_from_checkpoint(ckpt: str | Path | dict, weights: str = "best") -> nn.
         p.requires_grad_(False)
     return model.float().eval()
 
+
+def _module(info: dict, sd: dict | None, ema: bool) -> nn.Module | dict | None:
+    """A fp32 yolofast module holding ``sd`` (train mode with trainable weights, or the eval-mode EMA)."""
+    if sd is None:
+        return None
+    if info["cfg"] is None:
+        return sd  # a custom module's weights (to_file_format stores no config): the caller builds it
+    from yolofast.nn import build_model
+
+    m = build_model(info["cfg"], nc=info["nc"])
+    load_weights(m, sd, f"checkpoint '{info['path']}'")
+    m.names = info["names"]
+    for n, p in m.named_parameters():  # as the Trainer sets them: the DFL's fixed bins never train
+        p.requires_grad_(not ema and ".dfl." not in n)
+    return m.eval() if ema else m
+
+
+def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
+    """Load a checkpoint as the trainer wrote it: its entries, with ``model``/``ema`` rebuilt as fp32
+    yolofast modules (``ema`` None when the file has none). Reads yolofast's format, the older pickled one
+    and Ultralytics' files safely (``yolofast.io.read_checkpoint``); ``source`` says which wrote it."""
+    path = Path(path)
+    info = read_checkpoint(path, map_location)
+    ckpt = dict(info["train_state"])
+    ckpt["model"] = _module(info, info.get("model_state_dict") or info["state_dict"], ema=False)
+    ckpt["ema"] = _module(info, info.get("ema_state_dict"), ema=True)
+    ckpt["source"] = info["source"]
+    return ckpt

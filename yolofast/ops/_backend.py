@@ -51,6 +51,9 @@ _COMPILED = {
     ("ns_orthogonalize", "cpp"): "ns_orthogonalize",
     ("ns_orthogonalize", "cuda"): "ns_orthogonalize",
 }
+# Compiled-only forms: no reference or composed form exists, so a backend without one answers None and the
+# caller runs the op instead (ema_update.plan: ModelEMA's whole step as one call of a torch.classes object).
+_COMPILED_ONLY = {("ema_update.plan", "cpp"): "ema_plan"}
 # Compiled forms that decode the head's maps with DFL bins: reg_max >= 2 only; a reg_max 1 head (YOLO26: raw
 # distances) gets the composed form on the same backend. The C++ tal_assign.maps and bbox_loss.maps read
 # reg_max 1 maps in place too (bbox_loss.maps then takes the L1 geometry as l1_scale).
@@ -202,6 +205,25 @@ def implementation(op: str, name: str, reg_max: int | None = None) -> Callable:
     from yolofast import kernels
 
     return getattr(getattr(kernels, op), op)
+
+
+def compiled_form(form: str, name: str) -> Callable | None:
+    """The compiled-only ``form`` (``ema_update.plan``) of backend ``name`` (as ``backend_name`` of its op
+    returns it), or None where that backend has none: the caller then runs the op itself."""
+    attr = _COMPILED_ONLY.get((form, name))
+    if attr is None:
+        return None
+    from yolofast.ops import _library
+
+    return getattr(_library, attr)
+
+
+def simd_lanes() -> int:
+    """Floats per SIMD vector in the loaded C++ build (16 AVX-512, 8 AVX2, 4 NEON), for ``yolofast info``;
+    0 when the C++ extension is not loaded."""
+    from yolofast.ops import _build, _library
+
+    return _library.simd_lanes() if _build.extension_status("cpp")[0] else 0
 
 
 def describe(device_type: str = "cpu") -> list[tuple[str, str, str]]:

@@ -6,7 +6,7 @@ model's own parameters and buffers: the C++ kernel reads them in place in one sw
 
 from __future__ import annotations
 
-from yolofast.ops._backend import backend_name, implementation
+from yolofast.ops._backend import backend_name, compiled_form, implementation
 
 
 def ema_update(ema, model, decay) -> None:
@@ -26,4 +26,13 @@ def ema_update(ema, model, decay) -> None:
     return impl(ema, model, decay)
 
 
-__all__ = ["ema_update"]
+def ema_plan(ema: list, model: list, decay: float, tau: float):
+    """``ModelEMA``'s whole step over fixed lists of CPU tensors as one call, where ``ema_update`` runs on a
+    backend that has that form (C++): ``plan.step(updates)`` adds 1 to the int64 counter, forms
+    d = decay*(1 - exp(-updates/tau)) and updates every pair as ``ema_update`` does. None on any other
+    backend: the caller then calls ``ema_update`` each step."""
+    make = compiled_form("ema_update.plan", backend_name("ema_update", "cpu"))
+    return None if make is None else make(list(ema), list(model), float(decay), float(tau))
+
+
+__all__ = ["ema_plan", "ema_update"]

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from yolofast.io.paths import increment_path  # the same folder rule as runs/train
 from yolofast.predict.letterbox import letterbox, letterbox_shape, scale_boxes
 from yolofast.predict.results import Results
 from yolofast.predict.sources import Frame, count_items, iter_frames
@@ -130,8 +131,6 @@ class Predictor:
 
     def _save(self, res: Results, frame: Frame):
         if self.save_dir is None:
-            from yolofast.engine.trainer import increment_path  # the same folder rule as runs/train
-
             self.save_dir = increment_path(self.project / self.name, self.exist_ok)
             self.save_dir.mkdir(parents=True, exist_ok=True)
         stem = Path(frame.path).stem

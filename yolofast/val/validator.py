@@ -12,6 +12,8 @@ from torch import nn
 from tqdm import tqdm
 
 from yolofast.boxes import xywh2xyxy
+from yolofast.io.build import load_checkpoint
+from yolofast.io.paths import increment_path
 from yolofast.val.coco_json import CocoJson
 from yolofast.val.metrics import IOU_THRESHOLDS, APResult, ap_per_class, check_convention, match_predictions
 from yolofast.val.nms import non_max_suppression, topk_filter
@@ -281,8 +283,6 @@ def load_model(weights_or_model) -> nn.Module:
         path = Path(obj)
         if not path.is_file():
             raise FileNotFoundError(f"validate: weights file '{path}' not found")
-        from yolofast.engine.checkpoint import load_checkpoint
-
         obj = load_checkpoint(path)  # yolofast's or Ultralytics' files, read without running pickle code
         loaded = True
     else:
@@ -357,8 +357,6 @@ def validate(
                             nc=label_nc, single_cls=single_cls, rect=rect, batch_size=batch, pad=0.5)
     max_det = raise_max_det(max_det, dataset.labels)
     if save_json is True:
-        from yolofast.engine.trainer import increment_path
-
         save_json = increment_path(Path("runs/detect/val")) / "predictions.json"
     loader = build_dataloader(dataset, batch, workers, shuffle=False)
     validator = Validator(
@@ -396,8 +394,6 @@ def _plot_dir(save_json) -> Path:
     """validate(plots=True): beside the predictions JSON, or a new runs/detect/val* folder."""
     if save_json:
         return Path(save_json).parent
-    from yolofast.engine.trainer import increment_path
-
     return increment_path(Path("runs/detect/val"))
 
 
