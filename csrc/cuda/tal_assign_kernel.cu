@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "constants.h"
 #include "cuda_common.cuh"
 #include "cuda_launchers.h"
 
@@ -37,9 +38,6 @@ constexpr int kScanThreads = 128;
 constexpr int kResolveThreads = 256;
 constexpr int kWriteRows = 32;
 constexpr int kWriteThreads = 256;
-constexpr double kSmallSide = 16.0;  // reference.SMALL_GT_SIDE
-constexpr double kCiouEps = 1e-7;
-constexpr double kFourOverPi2 = 0.40528473456935108578;  // 4 / pi^2
 
 template <typename T>
 struct GridTable {
@@ -261,7 +259,7 @@ __global__ void __launch_bounds__(kScanThreads) scan_kernel(const ScanParams<T> 
 
   const T gx1 = p.gt[4 * bg], gy1 = p.gt[4 * bg + 1], gx2 = p.gt[4 * bg + 2], gy2 = p.gt[4 * bg + 3];
   // candidate box: sides under 16 px widened to 16 px about the centre (reference rule 1)
-  const T side = T(kSmallSide), half = T(kSmallSide / 2);
+  const T side = T(kSmallGtSide), half = T(kSmallGtSide / 2);
   const T cx = R::mul(R::add(gx1, gx2), T(0.5)), cy = R::mul(R::add(gy1, gy2), T(0.5));
   const bool wide_x = R::sub(gx2, gx1) < side, wide_y = R::sub(gy2, gy1) < side;
   const T ex1 = wide_x ? R::sub(cx, half) : gx1, ex2 = wide_x ? R::add(cx, half) : gx2;
