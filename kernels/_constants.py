@@ -1,9 +1,9 @@
 """Numbers the references and every kernel must share, defined once (this module imports nothing).
 
 ``yolofast.ops.reference`` (the spec) and the Triton kernels read them from here; a kernel that used its
-own copy could drift from the spec by one edit. The C++/CUDA sources spell the same values
-(``csrc/cpu/bbox_loss_core.h``, ``csrc/cpu/tal_assign_kernel.cpp``, ``csrc/cuda/*.cu``): the tests of each
-kernel against the reference are what holds them to these.
+own copy could drift from the spec by one edit. The C++/CUDA sources read the same values from
+``csrc/common/constants.h`` (``kCiouEps``, ``kFourOverPi2``, ``kSmallGtSide``); tests/ops/test_constants.py
+asserts the two files agree and that no other file in csrc/ or kernels/ spells these literals again.
 """
 
 import math

@@ -5,8 +5,9 @@ Nothing of size B*M*A exists: work O(sum of candidates + B*A), memory O(B*A + B*
      sync, so the op stays CUDA-graph capturable and traceable): a level starts where y drops; each level is
      checked anchor by anchor against start + (ix*sx, iy*sy). Anchors that are not a few grids set a flag and
      every GT then scans all A anchors instead of its rectangles (same results, slower).
-  1. ``_tal_scan_kernel``, one program per (GT, image): the candidate anchors of its widened box are one
-     index rectangle per level (+1 cell margin; the exact ``cx - x1 > eps`` test decides). For candidates
+  1. ``_tal_scan_kernel`` (kernels/_tal_scan.py, one jit helper per phase of DESIGN §2.1), one program per
+     (GT, image): the candidate anchors of its widened box are one index rectangle per level (+1 cell
+     margin; the exact ``cx - x1 > eps`` test decides). For candidates
      it computes overlap (CIoU, clamped at 0) and align, keeps its top-k on chip (iterative max extraction
      per tile, ties to the lower anchor index), and
      - atomically maxes a per-anchor key (overlap bits << 32 | ~GT) over *all* candidates: the conflict
@@ -31,7 +32,7 @@ import triton.language as tl
 from torch import Tensor
 
 from . import _common
-from ._constants import CIOU_EPS, FOUR_OVER_PI2, SMALL_GT_SIDE
+from ._tal_scan import _align, _bits_float, _float_bits, _tal_scan_kernel
 
 L_MAX = 8  # pyramid levels the grid table holds (YOLOv8 uses 3); more -> the all-anchor scan
 BLOCK_SCAN = 2048 if _common.INTERPRET else 128  # anchors per tile of a GT's rectangle
@@ -39,15 +40,6 @@ BLOCK_A = 512 if _common.INTERPRET else 128  # anchors per program of the per-an
 # classes per step of the target_scores write: 128 x 32 values per step keeps a GPU program at 32 per thread
 WRITE_BLOCK_C = 128 if _common.INTERPRET else 32
 BLOCK_GRID = 1024
-_CIOU_EPS = tl.constexpr(CIOU_EPS)
-_K = tl.constexpr(FOUR_OVER_PI2)
-_SIDE = tl.constexpr(SMALL_GT_SIDE)
-_HALF_SIDE = tl.constexpr(SMALL_GT_SIDE / 2)
-# Reductions in the hot loop call tl.reduce with Triton's own combine functions: the interpreter maps
-# those to numpy directly, while tl.max/tl.sum are jit wrappers that cost it ~1 ms per call.
-_MAX = tl.standard._elementwise_max
-_MIN = tl.standard._elementwise_min
-_SUM = tl.standard._sum_combine
 
 
 # ------------------------------------------------------------------------------------------------- grid
@@ -115,232 +107,6 @@ def _grid_levels_kernel(
         tl.store(lvf_ptr + l * 4 + 2, sx)
         tl.store(lvf_ptr + l * 4 + 3, sy)
         tl.atomic_add(bad_ptr, 1 - good.to(tl.int32))
-
-
-@triton.jit
-def _cell_range(lo_edge, hi_edge, o, step, n):
-    """Cells [i0, i1) of a row of n anchors at o + i*step that may lie inside (lo, hi), +-1 cell margin."""
-    q0 = (lo_edge - o) / step
-    q1 = (hi_edge - o) / step
-    lim = (n + 2).to(q0.dtype)
-    q0 = tl.where(q0 == q0, tl.minimum(tl.maximum(q0, -2.0), lim), lim)  # NaN box -> empty range
-    q1 = tl.where(q1 == q1, tl.minimum(tl.maximum(q1, -2.0), lim), -2.0)
-    i0 = tl.maximum(tl.floor(q0).to(tl.int32), 0)
-    i1 = tl.minimum(tl.floor(q1).to(tl.int32) + 2, n)
-    return i0, i1
-
-
-# ---------------------------------------------------------------------------------------------- metric
-@triton.jit
-def _overlap(gx1, gy1, gx2, gy2, g_wh, g_atan, px1, py1, px2, py2, F64: tl.constexpr, USE_LIB: tl.constexpr):
-    """clamp(CIoU(gt, pred), min=0) in reference.bbox_ciou's order of operations (gt is box 1)."""
-    w2 = px2 - px1
-    h2 = (py2 - py1) + _CIOU_EPS
-    inter = tl.maximum(tl.minimum(gx2, px2) - tl.maximum(gx1, px1), 0.0) * tl.maximum(
-        tl.minimum(gy2, py2) - tl.maximum(gy1, py1), 0.0
-    )
-    union = ((g_wh + w2 * h2) - inter) + _CIOU_EPS
-    # float32 division as div_rn (IEEE), inline: a jit-helper call costs the interpreter ~1 ms per tile
-    iou = inter / union if F64 else tl.math.div_rn(inter, union)
-    cw = tl.maximum(gx2, px2) - tl.minimum(gx1, px1)
-    ch = tl.maximum(gy2, py2) - tl.minimum(gy1, py1)
-    c2 = (cw * cw + ch * ch) + _CIOU_EPS
-    dx = (px1 + px2) - (gx1 + gx2)
-    dy = (py1 + py2) - (gy1 + gy2)
-    rho2 = (dx * dx + dy * dy) * 0.25
-    da = _common.atan(w2 / h2 if F64 else tl.math.div_rn(w2, h2), USE_LIB) - g_atan
-    v = _K * (da * da)
-    den = (v - iou) + (1.0 + _CIOU_EPS)
-    alpha = v / den if F64 else tl.math.div_rn(v, den)
-    ciou = iou - ((rho2 / c2 if F64 else tl.math.div_rn(rho2, c2)) + v * alpha)
-    return tl.where(ciou < 0, 0.0, ciou)  # keeps NaN, like torch.clamp
-
-
-@triton.jit
-def _align(
-    s,
-    ovl,
-    ALPHA: tl.constexpr,
-    AK: tl.constexpr,
-    BETA: tl.constexpr,
-    BK: tl.constexpr,
-    USE_LIB: tl.constexpr,
-    F64: tl.constexpr,
-):
-    return _common.pow_c(s, ALPHA, AK, USE_LIB, F64) * _common.pow_c(ovl, BETA, BK, USE_LIB, F64)
-
-
-@triton.jit
-def _float_bits(x, F64: tl.constexpr):
-    """The bits of x >= 0 (or NaN) as an int64 that orders like x (sign bit cleared: -0.0 == 0.0)."""
-    if F64:
-        r = x.to(tl.int64, bitcast=True) & 0x7FFFFFFFFFFFFFFF
-    else:
-        r = (x.to(tl.int32, bitcast=True) & 0x7FFFFFFF).to(tl.int64)
-    return r
-
-
-@triton.jit
-def _bits_float(b, F64: tl.constexpr):
-    if F64:
-        r = b.to(tl.float64, bitcast=True)
-    else:
-        r = b.to(tl.int32).to(tl.float32, bitcast=True)
-    return r
-
-
-# ------------------------------------------------------------------------------------------------ scan
-@triton.jit
-def _tal_scan_kernel(
-    scores_ptr,
-    pd_ptr,
-    anc_ptr,
-    gt_ptr,
-    labc_ptr,
-    real_ptr,
-    lvi_ptr,
-    lvf_ptr,
-    nlv_ptr,
-    bad_ptr,
-    cnt_ptr,
-    owner_ptr,
-    best_ptr,
-    bestg_ptr,
-    sel_al_ptr,
-    sel_ov_ptr,
-    A,
-    C,
-    M,
-    K,
-    EPS: tl.constexpr,
-    ALPHA: tl.constexpr,
-    AK: tl.constexpr,
-    BETA: tl.constexpr,
-    BK: tl.constexpr,
-    PASS: tl.constexpr,
-    F64: tl.constexpr,
-    USE_LIB: tl.constexpr,
-    L_MAX: tl.constexpr,
-    KP: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    if F64:
-        CT: tl.constexpr = tl.float64
-    else:
-        CT: tl.constexpr = tl.float32
-    g = tl.program_id(0)
-    b = tl.program_id(1)
-    bg = b.to(tl.int64) * M + g
-    if tl.load(real_ptr + bg) != 0:
-        lab = tl.load(labc_ptr + bg)
-        gx1 = tl.load(gt_ptr + bg * 4 + 0)
-        gy1 = tl.load(gt_ptr + bg * 4 + 1)
-        gx2 = tl.load(gt_ptr + bg * 4 + 2)
-        gy2 = tl.load(gt_ptr + bg * 4 + 3)
-        # candidate box: sides under 16 px widened to 16 px about the centre (reference rule 1)
-        cx = (gx1 + gx2) * 0.5
-        cy = (gy1 + gy2) * 0.5
-        widen_x = (gx2 - gx1) < _SIDE
-        widen_y = (gy2 - gy1) < _SIDE
-        ex1 = tl.where(widen_x, cx - _HALF_SIDE, gx1)
-        ex2 = tl.where(widen_x, cx + _HALF_SIDE, gx2)
-        ey1 = tl.where(widen_y, cy - _HALF_SIDE, gy1)
-        ey2 = tl.where(widen_y, cy + _HALF_SIDE, gy2)
-        g_w = gx2 - gx1
-        g_h = (gy2 - gy1) + _CIOU_EPS
-        g_wh = g_w * g_h
-        g_atan = _common.atan(_common.div(g_w, g_h, F64), USE_LIB)
-
-        slot = tl.arange(0, KP)
-        bkey = tl.where(slot < K, -1.0, _common.INF).to(CT)
-        bidx = slot * 0 - 1
-        bal = tl.zeros((KP,), dtype=CT)
-        bov = tl.zeros((KP,), dtype=CT)
-
-        nlv = tl.load(nlv_ptr)
-        grid_ok = (nlv <= L_MAX) & (tl.load(bad_ptr) == 0)
-        n_lv = tl.where(grid_ok, nlv, 1)
-        a_base = b.to(tl.int64) * A
-        for lv in range(0, n_lv):
-            if grid_ok:
-                start = tl.load(lvi_ptr + lv * 4)
-                w = tl.load(lvi_ptr + lv * 4 + 1)
-                h = tl.load(lvi_ptr + lv * 4 + 2)
-                x0 = tl.load(lvf_ptr + lv * 4 + 0)
-                y0 = tl.load(lvf_ptr + lv * 4 + 1)
-                sx = tl.load(lvf_ptr + lv * 4 + 2)
-                sy = tl.load(lvf_ptr + lv * 4 + 3)
-                ix0, ix1 = _cell_range(ex1, ex2, x0, sx, w)
-                iy0, iy1 = _cell_range(ey1, ey2, y0, sy, h)
-            else:
-                start = lv * 0
-                w = A + lv * 0
-                ix0 = lv * 0
-                ix1 = A + lv * 0
-                iy0 = lv * 0
-                iy1 = lv * 0 + 1
-            rw = tl.maximum(ix1 - ix0, 0)
-            n = rw * tl.maximum(iy1 - iy0, 0)
-            for t0 in range(0, n, BLOCK):
-                p = t0 + tl.arange(0, BLOCK)
-                valid = p < n
-                a = start + (iy0 + p // rw) * w + ix0 + p % rw  # increasing with p: ties keep scan order
-                ax = tl.load(anc_ptr + a * 2, mask=valid, other=0.0)
-                ay = tl.load(anc_ptr + a * 2 + 1, mask=valid, other=0.0)
-                cand = (
-                    valid & ((ax - ex1) > EPS) & ((ay - ey1) > EPS) & ((ex2 - ax) > EPS) & ((ey2 - ay) > EPS)
-                )
-                row = a_base + a
-                px1 = tl.load(pd_ptr + row * 4 + 0, mask=cand, other=0.0).to(CT)
-                py1 = tl.load(pd_ptr + row * 4 + 1, mask=cand, other=0.0).to(CT)
-                px2 = tl.load(pd_ptr + row * 4 + 2, mask=cand, other=0.0).to(CT)
-                py2 = tl.load(pd_ptr + row * 4 + 3, mask=cand, other=0.0).to(CT)
-                ovl = _overlap(gx1, gy1, gx2, gy2, g_wh, g_atan, px1, py1, px2, py2, F64, USE_LIB)
-                # = _float_bits(ovl, F64), inlined: a jit-helper call costs the interpreter ~1 ms per tile
-                if F64:
-                    ovb = ovl.to(tl.int64, bitcast=True) & 0x7FFFFFFFFFFFFFFF
-                else:
-                    ovb = (ovl.to(tl.int32, bitcast=True) & 0x7FFFFFFF).to(tl.int64)
-                if PASS == 1:
-                    if F64:
-                        tl.atomic_max(best_ptr + row, ovb, mask=cand)
-                    else:
-                        tl.atomic_max(best_ptr + row, (ovb << 32) | (2147483647 - g.to(tl.int64)), mask=cand)
-                    s = tl.load(scores_ptr + row * C + lab, mask=cand, other=0.0).to(CT)
-                    al = _align(s, ovl, ALPHA, AK, BETA, BK, USE_LIB, F64)
-                    # rank key: NaN first (as torch.sort), zero-align anchors never count
-                    key = tl.where(cand & ((al > 0) | (al != al)), tl.where(al != al, _common.INF, al), -1.0)
-                    kth = tl.reduce(bkey, 0, _MIN)
-                    n_rounds = tl.minimum(tl.reduce((key > kth).to(tl.int32), 0, _SUM), K)
-                    for _r in range(0, n_rounds):
-                        # the best tile entry left (lowest anchor index among equals) ...
-                        mt = tl.reduce(key, 0, _MAX)
-                        it = tl.reduce(tl.where(key == mt, a, 2147483647), 0, _MIN)
-                        lane = (key == mt) & (a == it)
-                        wk = tl.reduce(bkey, 0, _MIN)
-                        # ... replaces the worst slot: smallest key, and of those the highest anchor index
-                        worst = bkey == wk
-                        wi = tl.reduce(tl.where(worst, bidx, -2), 0, _MAX)
-                        pos = tl.reduce(tl.where(worst & (bidx == wi), slot, KP), 0, _MIN)
-                        pos = tl.where(mt > wk, pos, KP)  # a tie with the buffer keeps the earlier anchor
-                        put = slot == pos
-                        bkey = tl.where(put, mt, bkey)
-                        bidx = tl.where(put, it, bidx)
-                        bal = tl.where(put, tl.reduce(tl.where(lane, al, 0.0), 0, _SUM), bal)
-                        bov = tl.where(put, tl.reduce(tl.where(lane, ovl, 0.0), 0, _SUM), bov)
-                        key = tl.where(lane, -2.0, key)
-                else:
-                    # float64: the winner among the anchor's candidate GTs with the maximal overlap bits
-                    conflicted = cand & (tl.load(cnt_ptr + row, mask=cand, other=0) >= 2)
-                    hit = conflicted & (tl.load(best_ptr + row, mask=conflicted, other=-1) == ovb)
-                    tl.atomic_min(bestg_ptr + row, g, mask=hit)
-        if PASS == 1:
-            sel = (slot < K) & (bidx >= 0) & (bal > 0)
-            row = a_base + bidx
-            tl.atomic_add(cnt_ptr + row, 1, mask=sel)
-            tl.atomic_max(owner_ptr + row, g, mask=sel)
-            tl.store(sel_al_ptr + row, bal, mask=sel)
-            tl.store(sel_ov_ptr + row, bov, mask=sel)
 
 
 # --------------------------------------------------------------------------------------------- resolve

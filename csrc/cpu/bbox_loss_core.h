@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "bbox_vec.h"
+#include "constants.h"
 
 namespace yolofast {
 
@@ -181,7 +182,7 @@ void box_dfl_group(const LossLevel<T>& L, const LossTargets<T>& tg, int64_t b, c
 
   // ---- CIoU(pred = box 1, target = box 2), forward in the reference's order (reference.bbox_ciou).
   const V zero(T(0)), one(T(1)), two(T(2)), four(T(4));
-  const V eps(T(1e-7)), four_over_pi2(T(4.0 / (M_PI * M_PI)));
+  const V eps(static_cast<T>(kCiouEps)), four_over_pi2(static_cast<T>(kFourOverPi2));
   const V ax = V::loadu(lane[0]), ay = V::loadu(lane[1]);
   const V X1 = V::loadu(lane[2]), Y1 = V::loadu(lane[3]), X2 = V::loadu(lane[4]), Y2 = V::loadu(lane[5]);
   const V w = V::loadu(lane[6]);

@@ -103,7 +103,7 @@ Problem<T, Scores> make_problem(const Scores& score, int64_t B, int64_t A, int64
 }
 
 // atan(w / h) of every box for CIoU's aspect term, exactly as reference.bbox_ciou computes it: w = x2 - x1,
-// h = (y2 - y1) + 1e-7 (the same IEEE operations as ATen's sub/add/div), then ATen's atan (MKL VML here,
+// h = (y2 - y1) + kCiouEps (the same IEEE operations as ATen's sub/add/div), then ATen's atan (MKL VML here,
 // which differs from libm by an ulp on ~2% of inputs). Slices of <= 32768 elements (ATen's grain) so that
 // ATen runs each inline instead of forking threads for ~0.1 ms of work. O(B*A + B*M) values.
 template <typename T>
@@ -112,7 +112,7 @@ at::Tensor aspect_atan(const at::Tensor& box) {
   at::Tensor out = at::empty({n}, box.options());
   const T* b = box.data_ptr<T>();
   T* r = out.data_ptr<T>();
-  const T eps = static_cast<T>(1e-7);
+  const T eps = static_cast<T>(kCiouEps);
   for (int64_t i = 0; i < n; ++i) r[i] = (b[4 * i + 2] - b[4 * i]) / ((b[4 * i + 3] - b[4 * i + 1]) + eps);
   for (int64_t s = 0; s < n; s += 32768) out.narrow(0, s, std::min<int64_t>(32768, n - s)).atan_();
   return out;

@@ -15,6 +15,7 @@
 #include <limits>
 #include <vector>
 
+#include "constants.h"
 #include "tal_assign_geometry.h"
 #include "tal_assign_math.h"
 #include "tal_assign_simd.h"
@@ -71,9 +72,9 @@ template <typename T>
 inline Params<T> make_params(double alpha, double beta, double eps) {
   Params<T> P;
   P.eps = static_cast<T>(eps);
-  P.ciou_eps = static_cast<T>(1e-7);
-  P.one_plus_ciou_eps = static_cast<T>(1.0 + 1e-7);
-  P.four_over_pi2 = static_cast<T>(4.0 / (M_PI * M_PI));
+  P.ciou_eps = static_cast<T>(kCiouEps);
+  P.one_plus_ciou_eps = static_cast<T>(1.0 + kCiouEps);
+  P.four_over_pi2 = static_cast<T>(kFourOverPi2);
   P.alpha = static_cast<T>(alpha);
   P.beta = static_cast<T>(beta);
   P.prune = P.beta > T(0);
@@ -138,7 +139,7 @@ Candidates<T> find_candidates(const Problem<T, S>& pr) {
   cs.wide.resize(BM);
   cs.terms.resize(BM);
   cs.rects.resize(BM * cs.n_blocks * 4);
-  const T small_side = static_cast<T>(16.0);
+  const T small_side = static_cast<T>(kSmallGtSide);
   const T* gtb = pr.gtb;
   for (int64_t i = 0; i < BM; ++i) {
     cs.lab_c[i] = std::min(std::max(pr.labels[i], int64_t(0)), pr.C - 1);

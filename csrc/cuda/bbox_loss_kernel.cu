@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "constants.h"
 #include "cuda_common.cuh"
 #include "cuda_launchers.h"
 
@@ -31,8 +32,6 @@ constexpr int kRowsPerWarp = 8;
 constexpr int kRowsPerBlock = kWarps * kRowsPerWarp;
 constexpr int kThreads = kWarps * 32;
 constexpr int kReduceThreads = 256;
-constexpr double kEps = 1e-7;  // CIoU's eps (reference.bbox_ciou)
-constexpr double kFourOverPi2 = 0.40528473456935108578;
 
 template <typename T>
 struct Math;
@@ -153,7 +152,7 @@ __device__ __forceinline__ void box_dfl_row(const LossParams<T>& p, int64_t n, T
   const T* tb = p.tb + 4 * n;
 
   // ---- CIoU(pred = box 1, target = box 2), forward in the reference's order
-  const T eps = T(kEps), K = T(kFourOverPi2);
+  const T eps = T(kCiouEps), K = T(kFourOverPi2);
   const T x1 = ax - E[0], y1 = ay - E[1], x2 = ax + E[2], y2 = ay + E[3];
   const T X1 = tb[0], Y1 = tb[1], X2 = tb[2], Y2 = tb[3];
   const T w1 = x2 - x1, h1 = y2 - y1 + eps;

@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "constants.h"
 #include "cuda_common.cuh"
 #include "cuda_launchers.h"
 
@@ -37,9 +38,6 @@ constexpr int kScanThreads = 128;
 constexpr int kResolveThreads = 256;
 constexpr int kWriteRows = 32;
 constexpr int kWriteThreads = 256;
-constexpr double kSmallSide = 16.0;  // reference.SMALL_GT_SIDE
-constexpr double kCiouEps = 1e-7;
-constexpr double kFourOverPi2 = 0.40528473456935108578;  // 4 / pi^2
 
 template <typename T>
 struct GridTable {
@@ -127,16 +125,6 @@ __device__ __forceinline__ T overlap_of(T gx1, T gy1, T gx2, T gy2, T g_wh, T g_
   const T alpha = R::div(v, R::add(R::sub(v, iou), T(1.0 + kCiouEps)));
   const T ciou = R::sub(iou, R::add(R::div(rho2, c2), R::mul(v, alpha)));
   return clamp0(ciou);  // keeps NaN, like torch.clamp
-}
-
-// The top-k rank key: NaN ranks above everything (as in torch.sort), and only align > 0 or NaN enters.
-template <typename T>
-__device__ __forceinline__ T rank_key(T al) {
-  return is_nan(al) ? T(INFINITY) : al;
-}
-template <typename T>
-__device__ __forceinline__ bool better(T ka, int ia, T kb, int ib) {
-  return ka > kb || (ka == kb && ia < ib);
 }
 
 // ------------------------------------------------------------------------------------------------ grid
@@ -228,6 +216,10 @@ __device__ __forceinline__ void cell_range(T lo, T hi, T o, T step, int64_t n, i
 }
 
 // ------------------------------------------------------------------------------------------------ scan
+// scan_kernel runs DESIGN §2.1's first phases for one GT, each a __device__ function below: candidates
+// (gt_box, candidate_rects, rect_anchor, is_candidate), metric (overlap_of, align_of), top-k (topk_merge)
+// and the GT's part of the conflicts (note_conflict over all candidates, commit_picks for its top-k).
+// resolve_kernel finishes the conflicts, write_kernel writes the targets.
 template <typename T>
 struct ScanParams {
   const T* scores;
@@ -248,72 +240,232 @@ struct ScanParams {
   T alpha, beta, eps;
 };
 
+// One GT as its candidates and metric read it.
+template <typename T>
+struct GtBox {
+  T x1, y1, x2, y2;      // the GT (CIoU's box 1)
+  T ex1, ey1, ex2, ey2;  // its candidate box: sides under kSmallGtSide widened to it about the centre
+  T wh, atan;            // CIoU's GT terms: w * (h + eps), atan(w / (h + eps))
+  int64_t lab;           // its class, clamped to [0, C)
+};
+
+// Candidates, 1: the GT's boxes and terms (reference rule 1 for the widening).
+template <typename T>
+__device__ __forceinline__ GtBox<T> gt_box(const ScanParams<T>& p, int64_t bg) {
+  using R = RN<T>;
+  GtBox<T> o;
+  o.x1 = p.gt[4 * bg], o.y1 = p.gt[4 * bg + 1], o.x2 = p.gt[4 * bg + 2], o.y2 = p.gt[4 * bg + 3];
+  const T side = T(kSmallGtSide), half = T(kSmallGtSide / 2);
+  const T cx = R::mul(R::add(o.x1, o.x2), T(0.5)), cy = R::mul(R::add(o.y1, o.y2), T(0.5));
+  const bool wide_x = R::sub(o.x2, o.x1) < side, wide_y = R::sub(o.y2, o.y1) < side;
+  o.ex1 = wide_x ? R::sub(cx, half) : o.x1, o.ex2 = wide_x ? R::add(cx, half) : o.x2;
+  o.ey1 = wide_y ? R::sub(cy, half) : o.y1, o.ey2 = wide_y ? R::add(cy, half) : o.y2;
+  const T g_w = R::sub(o.x2, o.x1), g_h = R::add(R::sub(o.y2, o.y1), T(kCiouEps));
+  o.wh = R::mul(g_w, g_h), o.atan = R::atan(R::div(g_w, g_h));
+  o.lab = i64clamp(p.labels[bg], 0, p.C - 1);
+  return o;
+}
+
+// A GT's candidate anchors as index rectangles, one per level, numbered one after another: rectangle r
+// holds positions [off[r], off[r + 1]) (in shared memory, written by thread 0).
+struct CandRects {
+  int64_t lstart[kMaxLevels], lw[kMaxLevels], ix0[kMaxLevels], iy0[kMaxLevels], rw[kMaxLevels];
+  int64_t off[kMaxLevels + 1];
+  int n;
+};
+
+// Candidates, 2: the rectangles of each level that may hold anchors inside the candidate box, or every
+// anchor as one row when the grid table is bad.
+template <typename T>
+__device__ __forceinline__ void candidate_rects(const ScanParams<T>& p, const GtBox<T>& gb, CandRects& r) {
+  const bool grid = !p.tab->bad && p.tab->nlv <= kMaxLevels;
+  // a negative eps admits anchors just outside the box: widen the searched rectangle by it
+  const T m = p.eps < T(0) ? -p.eps : T(0);
+  int nl = 0;
+  int64_t off = 0;
+  for (int l = 0; grid && l < p.tab->nlv; ++l) {
+    int64_t ix0, ix1, iy0, iy1;
+    cell_range(gb.ex1 - m, gb.ex2 + m, p.tab->x0[l], p.tab->sx[l], p.tab->w[l], ix0, ix1);
+    cell_range(gb.ey1 - m, gb.ey2 + m, p.tab->y0[l], p.tab->sy[l], p.tab->h[l], iy0, iy1);
+    if (ix1 <= ix0 || iy1 <= iy0) continue;
+    r.lstart[nl] = p.tab->start[l];
+    r.lw[nl] = p.tab->w[l];
+    r.ix0[nl] = ix0;
+    r.iy0[nl] = iy0;
+    r.rw[nl] = ix1 - ix0;
+    r.off[nl] = off;
+    off += (ix1 - ix0) * (iy1 - iy0);
+    ++nl;
+  }
+  if (!grid) {  // every anchor, as one row
+    r.lstart[0] = 0, r.lw[0] = p.A, r.ix0[0] = 0, r.iy0[0] = 0, r.rw[0] = p.A, r.off[0] = 0;
+    off = p.A;
+    nl = 1;
+  }
+  r.off[nl] = off;
+  r.n = nl;
+}
+
+// Candidates, 3: the anchor at position pp (< r.off[nl]) of the nl = r.n rectangles.
+__device__ __forceinline__ int rect_anchor(const CandRects& r, int nl, int64_t pp) {
+  int l = 0;
+  while (l + 1 < nl && pp >= r.off[l + 1]) ++l;
+  const int64_t q = pp - r.off[l];
+  return static_cast<int>(r.lstart[l] + (r.iy0[l] + q / r.rw[l]) * r.lw[l] + r.ix0[l] + q % r.rw[l]);
+}
+
+// Candidates, 4: the exact test, anchor centre strictly inside the candidate box by more than eps.
+template <typename T>
+__device__ __forceinline__ bool is_candidate(const ScanParams<T>& p, const GtBox<T>& gb, int a) {
+  using R = RN<T>;
+  const T ax = p.anc[2 * a], ay = p.anc[2 * a + 1];
+  return R::sub(ax, gb.ex1) > p.eps && R::sub(ay, gb.ey1) > p.eps && R::sub(gb.ex2, ax) > p.eps &&
+         R::sub(gb.ey2, ay) > p.eps;
+}
+
+// Metric: align = score^alpha * overlap^beta of the GT's class.
+template <typename T>
+__device__ __forceinline__ T align_of(const ScanParams<T>& p, int64_t lab, int64_t row, T ov) {
+  return RN<T>::mul(pow_torch(p.scores[row * p.C + lab], p.alpha), pow_torch(ov, p.beta));
+}
+
+// Conflicts, over ALL candidates of every GT: PASS 1 maxes the anchor's key; float: (overlap bits, lowest
+// GT) in one key, float64: the overlap bits, whose ties PASS 2 resolves with an atomicMin of the GT index
+// (only on anchors that two or more GTs picked: the others never read it).
+template <typename T, int PASS>
+__device__ __forceinline__ void note_conflict(const ScanParams<T>& p, int g, int64_t row, T ov) {
+  const uint64_t bits = ordered_bits(ov);
+  if (PASS == 1) {
+    const uint64_t key = sizeof(T) == 4 ? (bits << 32) | static_cast<uint64_t>(0x7FFFFFFF - g) : bits;
+    // keys only grow: a stale read below the current value just costs an atomic that changes nothing
+    if (key > __ldcg(reinterpret_cast<const unsigned long long*>(p.best + row)))
+      atomic_max_u64(p.best + row, key);
+  } else if (p.cnt[row] >= 2 && p.best[row] == bits) {
+    atomicMin(p.bestg + row, g);
+  }
+}
+
+// The top-k rank key: NaN ranks above everything (as in torch.sort), and only align > 0 or NaN enters.
+template <typename T>
+__device__ __forceinline__ T rank_key(T al) {
+  return is_nan(al) ? T(INFINITY) : al;
+}
+template <typename T>
+__device__ __forceinline__ bool better(T ka, int ia, T kb, int ib) {
+  return ka > kb || (ka == kb && ia < ib);
+}
+
+// The GT's top-k in dynamic shared memory: the buffer (best first) in al/ov/idx[0, n), staging for a tile's
+// entrants after it (cap = k + kScanThreads slots), and t_* (k slots) for the merged order.
+template <typename T>
+struct TopkBuf {
+  T *al, *ov, *t_al, *t_ov;
+  int *idx, *t_idx;
+};
+
+template <typename T>
+__device__ __forceinline__ TopkBuf<T> topk_buf(unsigned char* smem, int k) {
+  const int cap = k + kScanThreads;
+  TopkBuf<T> t;
+  t.al = reinterpret_cast<T*>(smem);
+  t.ov = t.al + cap;
+  t.t_al = t.ov + cap;
+  t.t_ov = t.t_al + k;
+  t.idx = reinterpret_cast<int*>(t.t_ov + k);
+  t.t_idx = t.idx + cap;
+  return t;
+}
+
+// Top-k: merges one tile's entries (this thread's: anchor a, align al, overlap ov, if cand) into the
+// buffer of n_buf (block-uniform); returns the new size. Every thread of the block calls it.
+template <typename T>
+__device__ __forceinline__ int topk_merge(const TopkBuf<T>& t, int n_buf, int k, bool cand, int a, T al, T ov,
+                                          int& s_q) {
+  const int tid = threadIdx.x;
+  const T key = rank_key(al);
+  bool enter = false;
+  if (cand && (al > T(0) || is_nan(al)))
+    enter = n_buf < k || better(key, a, rank_key(t.al[n_buf - 1]), t.idx[n_buf - 1]);
+  const int nq = __syncthreads_count(enter);
+  if (nq == 0) return n_buf;
+  if (enter) {
+    const int slot = n_buf + atomicAdd(&s_q, 1);
+    t.al[slot] = al;
+    t.ov[slot] = ov;
+    t.idx[slot] = a;
+  }
+  __syncthreads();
+  // Rank every entry of buffer + staging in the total order (key desc, anchor asc); the k best move to
+  // t_* at their rank. The buffer is sorted: its entries' own rank among it is their position, and a
+  // staged entry's is found by binary search.
+  const int n_all = n_buf + nq;
+  for (int i = tid; i < n_all; i += kScanThreads) {
+    const T ki = rank_key(t.al[i]);
+    const int ii = t.idx[i];
+    int rank;
+    if (i < n_buf) {
+      rank = i;
+    } else {
+      int lo = 0, hi = n_buf;
+      while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if (better(rank_key(t.al[mid]), t.idx[mid], ki, ii)) lo = mid + 1;
+        else hi = mid;
+      }
+      rank = lo;
+    }
+    for (int j = n_buf; j < n_all; ++j) rank += better(rank_key(t.al[j]), t.idx[j], ki, ii);
+    if (rank < k) {
+      t.t_al[rank] = t.al[i];
+      t.t_ov[rank] = t.ov[i];
+      t.t_idx[rank] = ii;
+    }
+  }
+  __syncthreads();
+  n_buf = min(n_all, k);
+  for (int i = tid; i < n_buf; i += kScanThreads) {
+    t.al[i] = t.t_al[i];
+    t.ov[i] = t.t_ov[i];
+    t.idx[i] = t.t_idx[i];
+  }
+  if (tid == 0) s_q = 0;
+  __syncthreads();
+  return n_buf;
+}
+
+// Conflicts, the GT's picks: a count per anchor, the picker and its align/overlap (read only where exactly
+// one GT picked the anchor). NaN aligns held top-k slots (as in the reference's sort) but are never picks.
+template <typename T>
+__device__ __forceinline__ void commit_picks(const ScanParams<T>& p, const TopkBuf<T>& t, int n_buf, int g,
+                                             int64_t a_base) {
+  for (int i = threadIdx.x; i < n_buf; i += kScanThreads) {
+    if (!(t.al[i] > T(0))) continue;
+    const int64_t row = a_base + t.idx[i];
+    atomicAdd(p.cnt + row, 1);
+    atomicMax(p.owner + row, g);
+    p.sel_al[row] = t.al[i];
+    p.sel_ov[row] = t.ov[i];
+  }
+}
+
 template <typename T, int PASS>
 __global__ void __launch_bounds__(kScanThreads) scan_kernel(const ScanParams<T> p) {
-  using R = RN<T>;
   const int g = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
   const int64_t bg = static_cast<int64_t>(b) * p.M + g;
   if (!p.real[bg]) return;  // block-uniform
-
-  __shared__ int64_t s_lstart[kMaxLevels], s_lw[kMaxLevels], s_ix0[kMaxLevels], s_iy0[kMaxLevels];
-  __shared__ int64_t s_rw[kMaxLevels], s_off[kMaxLevels + 1];
-  __shared__ int s_nl, s_q;
-
-  const T gx1 = p.gt[4 * bg], gy1 = p.gt[4 * bg + 1], gx2 = p.gt[4 * bg + 2], gy2 = p.gt[4 * bg + 3];
-  // candidate box: sides under 16 px widened to 16 px about the centre (reference rule 1)
-  const T side = T(kSmallSide), half = T(kSmallSide / 2);
-  const T cx = R::mul(R::add(gx1, gx2), T(0.5)), cy = R::mul(R::add(gy1, gy2), T(0.5));
-  const bool wide_x = R::sub(gx2, gx1) < side, wide_y = R::sub(gy2, gy1) < side;
-  const T ex1 = wide_x ? R::sub(cx, half) : gx1, ex2 = wide_x ? R::add(cx, half) : gx2;
-  const T ey1 = wide_y ? R::sub(cy, half) : gy1, ey2 = wide_y ? R::add(cy, half) : gy2;
-  const T g_w = R::sub(gx2, gx1), g_h = R::add(R::sub(gy2, gy1), T(kCiouEps));
-  const T g_wh = R::mul(g_w, g_h), g_atan = R::atan(R::div(g_w, g_h));
-  const int64_t lab = i64clamp(p.labels[bg], 0, p.C - 1);
   const int64_t a_base = static_cast<int64_t>(b) * p.A;
-
+  __shared__ CandRects s_rects;
+  __shared__ int s_q;
+  const GtBox<T> gb = gt_box(p, bg);
   if (tid == 0) {
-    const bool grid = !p.tab->bad && p.tab->nlv <= kMaxLevels;
-    // a negative eps admits anchors just outside the box: widen the searched rectangle by it
-    const T m = p.eps < T(0) ? -p.eps : T(0);
-    int nl = 0;
-    int64_t off = 0;
-    for (int l = 0; grid && l < p.tab->nlv; ++l) {
-      int64_t ix0, ix1, iy0, iy1;
-      cell_range(ex1 - m, ex2 + m, p.tab->x0[l], p.tab->sx[l], p.tab->w[l], ix0, ix1);
-      cell_range(ey1 - m, ey2 + m, p.tab->y0[l], p.tab->sy[l], p.tab->h[l], iy0, iy1);
-      if (ix1 <= ix0 || iy1 <= iy0) continue;
-      s_lstart[nl] = p.tab->start[l];
-      s_lw[nl] = p.tab->w[l];
-      s_ix0[nl] = ix0;
-      s_iy0[nl] = iy0;
-      s_rw[nl] = ix1 - ix0;
-      s_off[nl] = off;
-      off += (ix1 - ix0) * (iy1 - iy0);
-      ++nl;
-    }
-    if (!grid) {  // every anchor, as one row
-      s_lstart[0] = 0, s_lw[0] = p.A, s_ix0[0] = 0, s_iy0[0] = 0, s_rw[0] = p.A, s_off[0] = 0;
-      off = p.A;
-      nl = 1;
-    }
-    s_off[nl] = off;
-    s_nl = nl;
+    candidate_rects(p, gb, s_rects);
     s_q = 0;
   }
   __syncthreads();
-  const int nl = s_nl;
-  const int64_t total = s_off[nl];
-  const int k = p.k;
-
-  // top-k buffer (best first) in s_al/s_ov/s_idx[0, n_buf), staging for a tile's entrants after it
+  const int nl = s_rects.n;
+  const int64_t total = s_rects.off[nl];
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const int cap = k + kScanThreads;
-  T* s_al = reinterpret_cast<T*>(smem_raw);
-  T* s_ov = s_al + cap;
-  T* t_al = s_ov + cap;
-  T* t_ov = t_al + k;
-  int* s_idx = reinterpret_cast<int*>(t_ov + k);
-  int* t_idx = s_idx + cap;
+  const TopkBuf<T> buf = topk_buf<T>(smem_raw, p.k);
   int n_buf = 0;  // block-uniform
 
   for (int64_t p0 = 0; p0 < total; p0 += kScanThreads) {
@@ -322,92 +474,18 @@ __global__ void __launch_bounds__(kScanThreads) scan_kernel(const ScanParams<T> 
     int a = 0;
     T al = T(0), ov = T(0);
     if (pp < total) {
-      int l = 0;
-      while (l + 1 < nl && pp >= s_off[l + 1]) ++l;
-      const int64_t q = pp - s_off[l];
-      a = static_cast<int>(s_lstart[l] + (s_iy0[l] + q / s_rw[l]) * s_lw[l] + s_ix0[l] + q % s_rw[l]);
-      const T ax = p.anc[2 * a], ay = p.anc[2 * a + 1];
-      cand = R::sub(ax, ex1) > p.eps && R::sub(ay, ey1) > p.eps && R::sub(ex2, ax) > p.eps &&
-             R::sub(ey2, ay) > p.eps;
+      a = rect_anchor(s_rects, nl, pp);
+      cand = is_candidate(p, gb, a);
       if (cand) {
         const int64_t row = a_base + a;
-        ov = overlap_of(gx1, gy1, gx2, gy2, g_wh, g_atan, p.pbox + 4 * row);
-        const uint64_t bits = ordered_bits(ov);
-        if (PASS == 1) {
-          // float: (overlap bits, lowest GT) in one key; float64: the overlap bits (ties in PASS 2)
-          const uint64_t key = sizeof(T) == 4 ? (bits << 32) | static_cast<uint64_t>(0x7FFFFFFF - g) : bits;
-          // keys only grow: a stale read below the current value just costs an atomic that changes nothing
-          if (key > __ldcg(reinterpret_cast<const unsigned long long*>(p.best + row)))
-            atomic_max_u64(p.best + row, key);
-          const T s = p.scores[row * p.C + lab];
-          al = R::mul(pow_torch(s, p.alpha), pow_torch(ov, p.beta));
-        } else if (p.cnt[row] >= 2 && p.best[row] == bits) {
-          atomicMin(p.bestg + row, g);
-        }
+        ov = overlap_of(gb.x1, gb.y1, gb.x2, gb.y2, gb.wh, gb.atan, p.pbox + 4 * row);
+        note_conflict<T, PASS>(p, g, row, ov);
+        if (PASS == 1) al = align_of(p, gb.lab, row, ov);
       }
     }
-    if (PASS != 1) continue;
-    const T key = rank_key(al);
-    bool enter = false;
-    if (cand && (al > T(0) || is_nan(al)))
-      enter = n_buf < k || better(key, a, rank_key(s_al[n_buf - 1]), s_idx[n_buf - 1]);
-    const int nq = __syncthreads_count(enter);
-    if (nq == 0) continue;
-    if (enter) {
-      const int slot = n_buf + atomicAdd(&s_q, 1);
-      s_al[slot] = al;
-      s_ov[slot] = ov;
-      s_idx[slot] = a;
-    }
-    __syncthreads();
-    // Rank every entry of buffer + staging in the total order (key desc, anchor asc); the k best move to
-    // t_* at their rank. The buffer is sorted: its entries' own rank among it is their position, and a
-    // staged entry's is found by binary search.
-    const int n_all = n_buf + nq;
-    for (int i = tid; i < n_all; i += kScanThreads) {
-      const T ki = rank_key(s_al[i]);
-      const int ii = s_idx[i];
-      int rank;
-      if (i < n_buf) {
-        rank = i;
-      } else {
-        int lo = 0, hi = n_buf;
-        while (lo < hi) {
-          const int mid = (lo + hi) >> 1;
-          if (better(rank_key(s_al[mid]), s_idx[mid], ki, ii)) lo = mid + 1;
-          else hi = mid;
-        }
-        rank = lo;
-      }
-      for (int j = n_buf; j < n_all; ++j) rank += better(rank_key(s_al[j]), s_idx[j], ki, ii);
-      if (rank < k) {
-        t_al[rank] = s_al[i];
-        t_ov[rank] = s_ov[i];
-        t_idx[rank] = ii;
-      }
-    }
-    __syncthreads();
-    n_buf = min(n_all, k);
-    for (int i = tid; i < n_buf; i += kScanThreads) {
-      s_al[i] = t_al[i];
-      s_ov[i] = t_ov[i];
-      s_idx[i] = t_idx[i];
-    }
-    if (tid == 0) s_q = 0;
-    __syncthreads();
+    if (PASS == 1) n_buf = topk_merge(buf, n_buf, p.k, cand, a, al, ov, s_q);
   }
-
-  if (PASS == 1) {
-    // NaN aligns held top-k slots (as in the reference's sort) but are never selected
-    for (int i = tid; i < n_buf; i += kScanThreads) {
-      if (!(s_al[i] > T(0))) continue;
-      const int64_t row = a_base + s_idx[i];
-      atomicAdd(p.cnt + row, 1);
-      atomicMax(p.owner + row, g);
-      p.sel_al[row] = s_al[i];
-      p.sel_ov[row] = s_ov[i];
-    }
-  }
+  if (PASS == 1) commit_picks(p, buf, n_buf, g, a_base);
 }
 
 // --------------------------------------------------------------------------------------------- resolve
