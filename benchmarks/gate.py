@@ -3,6 +3,7 @@
     python benchmarks/gate.py                  # run by .ci/run after the tests; exit 1 on a failure
     python benchmarks/gate.py --write-floors --repeat 3                          # this build's ISA
     python benchmarks/gate.py --write-floors --repeat 1 --more-runs              # add one run to them
+    python benchmarks/gate.py --write-floors --keys PRESET/OP[,...]              # only these, merged in
     YOLOFAST_CPU_ARCH=x86-64-v3 python benchmarks/gate.py --write-floors --repeat 3   # the AVX2 floors
 
 One process, 1 thread (OMP/MKL and torch), reference and fused kernel interleaved round after round; the
@@ -142,8 +143,8 @@ def _write_floors(a, data: dict, keys: list[str], backend: str, rounds: int, mea
             runs.setdefault(r.key, []).append(r.speedup)
         out(f"run {i + 1}: " + ", ".join(f"{r.key} {r.speedup:.2f}x" for r in results))
     isa, catch = build_isa(), a.catch
+    kept = ((data.get("isa") or {}).get(isa) or {}).get("floors") or {}
     if a.more_runs:
-        kept = ((data.get("isa") or {}).get(isa) or {}).get("floors") or {}
         for k in runs:
             runs[k] = list((kept.get(k) or {}).get("runs") or []) + runs[k]
     new = {}
@@ -158,13 +159,17 @@ def _write_floors(a, data: dict, keys: list[str], backend: str, rounds: int, mea
     for old in ("floors", "measured_on"):  # the older flat form: replaced by per-ISA sets
         data.pop(old, None)
     data["note"] = NOTE
-    data.setdefault("isa", {})[isa] = {
-        "floors": new, "arch": build_arch(), "cpu": cpu_report(), "measured_on": time.strftime("%Y-%m-%d"),
-        "how": f"floor = sqrt(lowest x median / {catch:g}) of the speed-ups of "
-               f"{len(next(iter(runs.values())))} runs of "
-               f"`{'YOLOFAST_CPU_ARCH=' + build_arch() + ' ' if build_arch() != 'native' else ''}"
-               f"python benchmarks/gate.py --write-floors` (--repeat, --more-runs; {rounds} rounds, "
-               "1 thread)"}
+    how = (f"floor = sqrt(lowest x median / {catch:g}) of the speed-ups of {len(next(iter(runs.values())))} "
+           f"runs of `{'YOLOFAST_CPU_ARCH=' + build_arch() + ' ' if build_arch() != 'native' else ''}"
+           f"python benchmarks/gate.py --write-floors{' --keys ' + ','.join(new) if a.keys else ''}` "
+           f"(--repeat, --more-runs; {rounds} rounds, 1 thread)")
+    if a.keys and kept:  # these keys only: the set's other floors (and how they were set) stay as they are
+        for k in new:
+            new[k].update(how=how, measured_on=time.strftime("%Y-%m-%d"), cpu=cpu_report())
+        data["isa"][isa]["floors"] = {**kept, **new}
+    else:
+        data.setdefault("isa", {})[isa] = {"floors": new, "arch": build_arch(), "cpu": cpu_report(),
+                                           "measured_on": time.strftime("%Y-%m-%d"), "how": how}
     data.pop("margin", None)
     data["rounds"], data["catch"] = rounds, catch
     Path(a.floors).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
@@ -188,6 +193,9 @@ def main(argv=None, measure_fn=measure, out=print) -> int:
     ap.add_argument("--more-runs", action="store_true",
                     help="--write-floors: add the new runs to the ones floors.json has for this ISA (split "
                          "--repeat 3 into short calls: --repeat 1, then --repeat 1 --more-runs twice)")
+    ap.add_argument("--keys", metavar="PRESET/OP[,...]",
+                    help="measure these keys only (also ones this ISA has no floor for yet); with "
+                         "--write-floors, merge their floors into this ISA's set, keeping its other floors")
     ap.add_argument("--json", metavar="PATH", help="also write the measured rows here")
     ap.add_argument("--write-floors", action="store_true",
                     help="measure and rewrite the floors of this build's ISA (YOLOFAST_CPU_ARCH)")
@@ -211,6 +219,13 @@ def main(argv=None, measure_fn=measure, out=print) -> int:
         floors, source = floors_for_isa(data, isa)
     else:
         floors, source = dict.fromkeys(DEFAULT_KEYS, 0.0), "new file"
+    if a.keys:
+        keys = [k for k in a.keys.split(",") if k]
+        if not a.write_floors and any(k not in floors for k in keys):
+            out(f"gate: error: no {isa} floor for {[k for k in keys if k not in floors]}: set it with "
+                "--write-floors --keys")
+            return 2
+        floors = {k: floors.get(k, 0.0) for k in keys}
     if a.write_floors:
         return _write_floors(a, data, list(floors), backend, rounds, measure_fn, out)
     allow_missing = os.environ.get("YOLOFAST_GATE_ALLOW_MISSING", "") == "1"
@@ -220,6 +235,9 @@ def main(argv=None, measure_fn=measure, out=print) -> int:
     secs = time.perf_counter() - t0
     out(f"yolofast CPU gate: {backend} vs ref, 1 thread, {rounds} interleaved rounds, {secs:.0f} s; "
         f"{source}")
+    unfloored = [k for k in DEFAULT_KEYS if k not in floors and not a.keys]
+    if unfloored:  # an op is gated per ISA only once it has a floor there
+        out(f"not gated here (no {isa} floor; set one with --write-floors --keys): {', '.join(unfloored)}")
     out(cpu_report())
     out(format_table([Row.from_dict(r) for r in rows]))
     out("")

@@ -38,12 +38,17 @@ namespace {
 using Outputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
 // The assigner's score of anchor a of image b for class c, read from (B, A, C) probabilities as given.
+// in_unit(b, a, c): the score is in [0, 1] (so not NaN), read without computing it: the assigner may then
+// bound s^alpha by 1 and skip the candidate unread (tal_assign_phases.h, GtScan::prepare).
 template <typename T>
 struct ProbScores {
-  static constexpr bool kInUnitRange = false;  // any value the caller passes
   const T* p;
   int64_t A, C;
   T operator()(int64_t b, int64_t a, int64_t c) const { return p[(b * A + a) * C + c]; }
+  bool in_unit(int64_t b, int64_t a, int64_t c) const {
+    const T s = p[(b * A + a) * C + c];
+    return s >= T(0) && s <= T(1);
+  }
 };
 
 // The same score from the head's class logits where they lie (level l: map (B, 4R + C, H_l, W_l), pixel
@@ -53,16 +58,20 @@ struct ProbScores {
 template <typename T>
 struct MapLogits {
   static constexpr int kMaxLevels = 8;
-  static constexpr bool kInUnitRange = true;  // a sigmoid
   const T* cls[kMaxLevels];  // channel 4R of image 0
   int64_t sb[kMaxLevels], sc[kMaxLevels], a0[kMaxLevels + 1];
   int levels = 0;
-  T operator()(int64_t b, int64_t a, int64_t c) const {
+  T logit(int64_t b, int64_t a, int64_t c) const {
     int l = 0;
     while (l + 1 < levels && a >= a0[l + 1]) ++l;
-    const double x = static_cast<double>(cls[l][b * sb[l] + c * sc[l] + (a - a0[l])]);
+    return cls[l][b * sb[l] + c * sc[l] + (a - a0[l])];
+  }
+  T operator()(int64_t b, int64_t a, int64_t c) const {
+    const double x = static_cast<double>(logit(b, a, c));
     return static_cast<T>(1.0 / (1.0 + std::exp(-x)));
   }
+  // The sigmoid of any logit but NaN is in [0, 1] (+-inf give exactly 1 and 0).
+  bool in_unit(int64_t b, int64_t a, int64_t c) const { return !std::isnan(logit(b, a, c)); }
 };
 
 // DESIGN §2.1's phases, one after another (tal_assign_phases.h).
@@ -98,7 +107,6 @@ Problem<T, Scores> make_problem(const Scores& score, int64_t B, int64_t A, int64
   pr.pd_atan = pd_atan.data_ptr<T>();
   pr.gt_atan = gt_atan.data_ptr<T>();
   pr.P = make_params<T>(alpha, beta, eps);
-  pr.score_le_one = Scores::kInUnitRange && pr.P.alpha > T(0);
   return pr;
 }
 

@@ -108,7 +108,6 @@ struct Problem {
   const T* pd_atan;  // (B, A) atan(w / h) of the predictions
   const T* gt_atan;  // (B, M) the same of the GTs
   Params<T> P;
-  bool score_le_one;  // scores in [0, 1] and alpha > 0: s^alpha <= 1 without reading the score
 };
 
 // ------------------------------------------------------------------------------------------ candidates
@@ -192,16 +191,22 @@ struct GtScan {
     const Params<T>& P = pr.P;
     const int64_t k = pr.k;
     const T ub = c.upper();
-    // ciou <= ub <= 0 -> overlap 0 -> align 0: never picked. Exact, so no tie can change. (A NaN ub is
-    // not pruned: the reference's NaN align outranks everything and takes a top-k slot.)
-    if (P.prune && c.proper && ub <= T(0)) return false;
-    // Scores in [0, 1] and alpha > 0 give s_pow <= 1: the bound below, without reading the score (for
-    // logits a sigmoid, the largest share of a big GT's candidates once its top-k is full).
-    if (pr.score_le_one && P.prune && c.proper && n == k &&
-        pow_upper(ub, P.beta) * T(1.0001) + std::numeric_limits<T>::min() < buf[k - 1].align)
-      return false;
+    const bool bounded = P.prune && c.proper;  // a NaN ub is never pruned: a NaN align takes a slot
+    // The skips below that do not compute the score need s^alpha in [0, 1]: a score in [0, 1] (checked
+    // on the raw value, a load; the sigmoid and pow are what cost) and alpha > 0. A NaN (or negative,
+    // or infinite) score gives a NaN align even at overlap 0, which the reference's sort ranks above
+    // every number: such a candidate takes the exact path.
+    if (bounded && (ub <= T(0) || n == k) && P.alpha > T(0) && pr.score->in_unit(b, a, lab)) {
+      // ciou <= ub <= 0 -> overlap 0 -> align 0: never picked. Exact, so no tie can change.
+      if (ub <= T(0)) return false;
+      // s_pow <= 1: the bound below without the score (for logits a sigmoid, the largest share of a big
+      // GT's candidates once its top-k is full).
+      if (pow_upper(ub, P.beta) * T(1.0001) + std::numeric_limits<T>::min() < buf[k - 1].align) return false;
+    }
     const T s_pow = pow_like_torch((*pr.score)(b, a, lab), P.alpha, P.pow);
-    if (P.prune && c.proper && n == k) {
+    // Overlap 0 and a finite s_pow: align (+-)0, never picked (the exact path of the first skip above).
+    if (bounded && ub <= T(0) && std::isfinite(s_pow)) return false;
+    if (bounded && n == k) {
       // Strictly below the k-th best even at overlap = ub: skip the CIoU tail and the pow. A later anchor
       // loses ties, so "<" is all that needs excluding.
       const T bound = s_pow * pow_upper(ub, P.beta) * T(1.0001) + std::numeric_limits<T>::min();

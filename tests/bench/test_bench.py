@@ -504,6 +504,39 @@ def test_gate_main_on_fabricated_timings(gate_module, tmp_path, monkeypatch):
     assert any(p.startswith("warning: loss-b8-640-50gt/tal_assign") for p in printed)
 
 
+def test_gate_write_floors_keys_adds_an_op_and_keeps_the_others(gate_module, tmp_path, monkeypatch):
+    """--keys: an op this ISA has no floor for yet is measured alone and merged in; the set's other floors
+    (and how they were set) stay as they were. The plain gate names the default ops it does not gate."""
+    monkeypatch.setenv("YOLOFAST_CPU_ARCH", "x86-64-v3")
+    floors = tmp_path / "floors.json"
+    old = {"floor": 20.0, "measured": 22.0, "runs": [21.0, 22.0, 23.0]}
+    floors.write_text(json.dumps({"backend": "cpp", "rounds": 3, "isa": {"avx2": {
+        "floors": {"loss-b8-640-50gt/tal_assign": old}, "how": "earlier", "measured_on": "2026-01-01"}}}))
+    argv = ["--floors", str(floors), "--quiet"]
+    printed, seen = [], []
+    runs = iter([18.0, 19.0, 20.0])
+
+    def measure(keys, **kw):
+        seen.append(list(keys))
+        return _measured({k: next(runs) if "loss26" in k else 30.0 for k in keys})
+
+    key = "loss26-b8-640-50gt/loss26_step"
+    assert gate_module.main(argv + ["--write-floors", "--repeat", "3", "--keys", key], measure_fn=measure,
+                            out=printed.append) == 0
+    assert seen == [[key]] * 3
+    avx2 = json.loads(floors.read_text())["isa"]["avx2"]
+    assert avx2["floors"]["loss-b8-640-50gt/tal_assign"] == old and avx2["how"] == "earlier"
+    new = avx2["floors"][key]
+    assert (new["floor"], new["runs"]) == (16.22, [18.0, 19.0, 20.0])  # sqrt(18 x 19 / 1.3)
+    assert f"--keys {key}" in new["how"] and "YOLOFAST_CPU_ARCH=x86-64-v3" in new["how"]
+    printed.clear()
+    assert gate_module.main(argv, measure_fn=lambda keys, **kw: _measured(dict.fromkeys(keys, 30.0)),
+                            out=printed.append) == 0
+    assert any(p.startswith("not gated here") and "musgd-yolo26n/musgd_step" in p for p in printed)
+    assert gate_module.main(argv + ["--keys", "musgd-yolo26n/musgd_step"], measure_fn=measure,
+                            out=printed.append) == 2  # gating a key without a floor: an error, not a pass
+
+
 def test_a_floor_sits_between_the_healthy_runs_and_a_1_3x_slower_one(gate_module):
     runs = [40.0, 43.0, 46.0]
     floor = gate_module.floor_from_runs(runs)

@@ -444,8 +444,7 @@ def test_maps_logits_match_reference_on_sigmoid(op, seed):
 
 def test_maps_logits_edge_cases(op):
     """Saturated and infinite logits, strided (channels_last) maps, no GT slot, thread-count independence,
-    and the public wrapper on both backends. (NaN scores are left out: tal_assign on probabilities does not
-    rank a NaN align as the reference's sort does either; a NaN logit means the model has diverged.)"""
+    and the public wrapper on both backends (NaN logits: test_non_unit_scores_follow_reference)."""
     from yolofast import ops
 
     scene = random_scene(300, B=2, M=40, pad=False)
@@ -479,6 +478,41 @@ def test_maps_logits_edge_cases(op):
     empty = torch.ops.yolofast.tal_assign.maps(maps, 4, pd, anc, labels[:, :0], gt[:, :0], mask[:, :0], TOPK,
                                                ALPHA, BETA, EPS)
     assert_same(tal_assign_ref(logits.sigmoid(), pd, anc, labels[:, :0], gt[:, :0], mask[:, :0]), empty)
+
+
+@pytest.mark.parametrize("kind", ["nan_logits", "probs_out_of_unit_range"])
+def test_non_unit_scores_follow_reference(op, kind):
+    """A NaN score gives a NaN align even at overlap 0, which the reference's sort ranks above every number
+    (it holds a top-k slot, never positive): the kernel skips a candidate without computing its score only
+    when the raw value proves it in [0, 1]. NaN logits on the maps; NaN, negative, > 1 and infinite
+    probabilities on tal_assign."""
+    scene = random_scene(301, B=2, M=40, pad=False)
+    maps, logits = logit_maps(5, scene)
+    _, pd, anc, labels, gt, mask = scene
+    g = torch.Generator().manual_seed(6)
+    pick = torch.rand(logits.shape, generator=g)
+    if kind == "nan_logits":
+        logits = torch.where(pick < 0.1, torch.tensor(float("nan")), logits)
+        maps, a0 = [m.clone() for m in maps], 0
+        for m in maps:
+            hw = m.shape[2] * m.shape[3]
+            m[:, 16:] = logits[:, a0:a0 + hw].transpose(1, 2).reshape(m[:, 16:].shape)
+            a0 += hw
+        ref = tal_assign_ref(logits.sigmoid(), pd, anc, labels, gt, mask, topk=TOPK, alpha=ALPHA, beta=BETA,
+                             eps=EPS)
+        out = torch.ops.yolofast.tal_assign.maps(maps, 4, pd, anc, labels, gt, mask, TOPK, ALPHA, BETA, EPS)
+    else:
+        probs = logits.sigmoid()
+        for lo, hi, v in ((0.0, 0.03, float("nan")), (0.03, 0.06, -0.25), (0.06, 0.09, 1.5),
+                          (0.09, 0.1, float("inf"))):
+            probs = torch.where((pick >= lo) & (pick < hi), torch.tensor(v), probs)
+        ref = tal_assign_ref(probs, pd, anc, labels, gt, mask, topk=TOPK, alpha=ALPHA, beta=BETA, eps=EPS)
+        out = torch.ops.yolofast.tal_assign(probs, pd, anc, labels, gt, mask, TOPK, ALPHA, BETA, EPS)
+        # An infinite score that wins its anchor makes its GT's scores inf / inf = NaN, in both.
+        torch.testing.assert_close(out[2], ref[2], rtol=1e-6, atol=1e-10, equal_nan=True)
+        ref, out = ref[:2] + (ref[2].nan_to_num(),) + ref[3:], out[:2] + (out[2].nan_to_num(),) + out[3:]
+    assert_same(ref, out)
+    assert ref[3].sum() > 0
 
 
 def test_maps_opcheck_and_errors(op):
@@ -674,12 +708,7 @@ def test_tal_anchors_that_are_not_make_anchors_grid(impl, kind):
         _tal_check(impl, (scores, pd, anc, labels, gt, mask), topk=30)  # topk > A
 
 
-def test_tal_nan_predictions_hold_topk_slots_but_are_never_positive(impl, request):
-    if impl.name == "cpp":
-        # Found when these checks were parametrised over the C++ backend too: with NaN class scores its
-        # positives differ from the reference's (12 of 8400 anchors here; NaN boxes alone agree, see
-        # test_non_finite_boxes_follow_reference). Strict: the day the kernel agrees, this must go.
-        request.applymarker(pytest.mark.xfail(strict=True, reason="C++ tal_assign differs on NaN scores"))
+def test_tal_nan_predictions_hold_topk_slots_but_are_never_positive(impl):
     scores, pd, anc, labels, gt, mask = random_scene(20, B=1, M=8, pad=False)
     g = torch.Generator().manual_seed(1)
     A = scores.shape[1]
