@@ -76,7 +76,12 @@ def _ns_bmm_kernel(a_ptr, b_ptr, c_ptr, out_ptr, M, N, K,
 
 
 def _block(n: int, cap: int) -> int:
-    return min(max(_common.next_pow2(n), 16), cap)  # tl.dot needs every tile side >= 16
+    """16 (tl.dot's smallest tile side) for n <= 16, else ``cap``: two tile sizes per side, so a GPU compiles
+    ~10 variants for all 94 Muon shapes instead of one per power of two; the interpreter, where a tile
+    costs per element and a program per launch, takes the power of two up to ``cap``."""
+    if _common.INTERPRET:
+        return min(max(_common.next_pow2(n), 16), cap)
+    return 16 if n <= 16 else cap
 
 
 def _bmm(a: Tensor, b: Tensor, out: Tensor, alpha: float = 1.0, c: Tensor | None = None,
