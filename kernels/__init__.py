@@ -1,7 +1,8 @@
 """Triton kernels of the hot ops, installed as ``yolofast.kernels``.
 
-One module per op (``tal_assign``, ``bbox_loss``, ``ema_update``), each with a public function of the same
-name, signature and outputs as its reference in ``yolofast.ops.reference``, backed by a
+One module per op (``tal_assign``, ``bbox_loss``, ``ema_update``, ``ns_orthogonalize``), each with a public
+function of the same name, signature and outputs as its reference in ``yolofast.ops.reference`` (for
+``ns_orthogonalize``: the fused op's list form, ``(mats, steps, eps, fp32)``), backed by a
 ``torch.library.triton_op`` (``yolofast::<op>_triton``) so that torch.compile sees the kernels on CUDA.
 With ``TRITON_INTERPRET=1`` set *before* these modules are imported they also run on CPU tensors (slowly;
 that is how the tests check them without a GPU). Importing this package does not import Triton:
@@ -13,7 +14,7 @@ from __future__ import annotations
 import importlib
 import os
 
-OPS = ("tal_assign", "bbox_loss", "ema_update")
+OPS = ("tal_assign", "bbox_loss", "ema_update", "ns_orthogonalize")
 MIN_TRITON = (3, 0)  # checked on 3.6 (the GPU machine's) and 3.8
 
 

@@ -6,8 +6,10 @@
 // the compute dtype (bf16 inputs, fp32 accumulation, one rounding per product). What differs is the data
 // movement around them, which on a GPU is launches: the gather into the per-shape batches and the scatter
 // back are ONE multi-tensor copy each over the whole list (at::_foreach_copy_, casting on the fly), not
-// one copy kernel per matrix (yolo26n: 126 matrices in 41 shapes -> ~40 + 41 x 18 launches a step instead
-// of 2 x 126 + 41 x 18).
+// one copy kernel per matrix. yolo26n (126 matrices, 41 shapes), ATen kernel calls per op call counted with
+// torch.profiler on this file's CPU emulation: 789 (2 multi-tensor copies, 8 transposed copies for the tall
+// groups, 41 x 3 norm ops, 615 matmuls, 41 other copies, one per group in both ops) against 1031 with the
+// CPU op's per-matrix gathers and scatters (252 copies).
 //
 // CUDA-graph capturable: shapes come from the tensors' metadata only, nothing is read back to the host, and
 // every buffer comes from the caching allocator.

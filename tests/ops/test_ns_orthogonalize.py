@@ -292,15 +292,22 @@ def test_triton_kernel_coefficients_are_the_references():
 
 @pytest.mark.triton
 def test_musgd_step_on_the_triton_backend(lib):
-    """MuSGD through the Triton op equals MuSGD through the C++ op to 3 steps x lr·0.2 x KERNEL_ATOL."""
+    """3 MuSGD steps through the Triton op equal 3 through the C++ op to 3 steps x lr·0.2 x KERNEL_ATOL
+    (conv weights of 3 shapes, one repeated, and a linear weight)."""
     if NO_TRITON or TRITON_DEV != "cpu":
         pytest.skip(NO_TRITON or "the interpreter's check; a GPU runs the op tests above")
-    d = torch.load(GOLDEN, weights_only=True)
-    with backend("triton"):
-        p3, b3 = _musgd_3_steps(d)
-    for got, want in zip(p3, d["P3"]):
+    shapes = [(16, 3, 3, 3), (32, 16, 3, 3), (32, 16, 3, 3), (8, 40)]
+    d = {"P0": [_rand(s, i) * 100 for i, s in enumerate(shapes)], "bias0": _rand((7,), 9),
+         "grads": [[_rand(s, 10 * k + i) for i, s in enumerate(shapes)] for k in range(3)],
+         "bias_grads": [_rand((7,), 50 + k) for k in range(3)]}
+    runs = {}
+    for be in ("cpp", "triton"):
+        with backend(be):
+            runs[be] = _musgd_3_steps(d)
+    for got, want in zip(runs["triton"][0], runs["cpp"][0]):
         torch.testing.assert_close(got, want, rtol=0, atol=3 * 0.01 * 0.2 * KERNEL_ATOL)
-    assert torch.equal(b3, d["bias3"])
+    assert not torch.equal(runs["cpp"][0][0], d["P0"][0])
+    assert torch.equal(runs["triton"][1], runs["cpp"][1])  # the bias: SGD only
 
 
 @pytest.mark.cuda

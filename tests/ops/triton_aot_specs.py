@@ -169,3 +169,21 @@ def tal_assign(mod) -> list[tuple]:
                     "BLOCK": "constexpr"}
         specs.append((mod._tal_topk2_keep_kernel, keep_sig, {"F64": f64, "BLOCK": mod.BLOCK_A}, exact))
     return specs
+
+
+def ns_orthogonalize(mod) -> list[tuple]:
+    """(kernel, signature, constexprs, options): the batched product in bf16 with and without the C term
+    (X Xᵀ; the two affine steps) at the GPU's largest tiles and at the smallest (16: a 1 x k matrix), and the
+    float32 mode (IEEE dot, no TF32)."""
+    specs = []
+    for ty, has_c, block in (("bf16", False, 64), ("bf16", True, 64), ("bf16", True, 16), ("fp32", True, 64)):
+        sig = {"a_ptr": f"*{ty}", "b_ptr": f"*{ty}", "c_ptr": f"*{ty}", "out_ptr": f"*{ty}",
+               "M": "i32", "N": "i32", "K": "i32"}
+        strides = ("sab", "sam", "sak", "sbb", "sbk", "sbn", "scb", "scm", "scn", "sob", "som", "son")
+        sig |= {s: "i32" for s in strides}
+        sig |= {"alpha": "fp32", "beta": "fp32", "HAS_C": "constexpr", "IEEE": "constexpr",
+                "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr"}
+        ce = {"HAS_C": has_c, "IEEE": ty == "fp32", "BLOCK_M": block, "BLOCK_N": block,
+              "BLOCK_K": min(block, mod.MAX_BLOCK_K)}
+        specs.append((mod._ns_bmm_kernel, sig, ce, {}))
+    return specs

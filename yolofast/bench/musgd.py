@@ -1,7 +1,8 @@
 """The MuSGD benchmark (presets ``musgd-yolo26n``/``musgd-yolo26s``): one optimizer step over a real model's
 parameters, with fixed seeded gradients.
 
-Variants: yolofast's backends of ``ns_orthogonalize`` ("ref": matrix by matrix, "cpp": the fused op);
+Variants: yolofast's backends of ``ns_orthogonalize`` ("ref": matrix by matrix; the fused op: "cpp" on the
+CPU, "cuda" and "triton" on a GPU, preset ``gpu-musgd-yolo26n``);
 baselines ``ultralytics`` (Ultralytics' own MuSGD over the same groups, only where ``ultralytics`` is
 importable: an optional import for this comparison, never on a training path) and ``bmm_floor`` (the
 Newton–Schulz matmuls of the step alone, as plain batched ``torch.bmm`` calls over the same shapes and
@@ -104,7 +105,7 @@ def musgd_case(p, device: str, seed: int, backend_variants):
         return opt.step
 
     variants = backend_variants("musgd_step", device, make_step, ("ref", "cpp") if device == "cpu" else
-                                ("ref",))
+                                ("ref", "cuda", "triton"))
     opt, params = musgd_setup(p.model, seed, device)
     shapes = _ns_shapes([q for gr in opt.param_groups if gr["use_muon"] for q in gr["params"]])
     variants += [_ultralytics_variant(p.model, seed, device),

@@ -112,6 +112,8 @@ _ALL = [
     Preset("gpu-loss26-b16-640-50gt", "loss26", 16, 640, 80, 50, device="cuda",
            note="YOLO26 loss step: the assigner with topk2, reg_max 1 losses"),
     Preset("gpu-ema-yolov8s", "ema", model="yolov8s", device="cuda"),
+    Preset("gpu-musgd-yolo26n", "musgd", model="yolo26n", device="cuda",
+           note="the fused Newton-Schulz on cuda and triton vs the reference and its matmuls alone"),
     Preset("gpu-step-yolov8n-640-b64", "step", 64, 640, 80, 8, model="yolov8n", device="cuda",
            note="DESIGN §7: images/s, backend ref vs auto"),
 ]

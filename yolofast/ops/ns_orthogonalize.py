@@ -5,7 +5,11 @@ Muon part of a MuSGD step), dispatched to the selected backend.
 
 Backends: "cpp" (CPU) groups the list by shape and runs each group as one batched bmm/baddbmm per product
 (csrc/common/ns_groups.h), no padding; "ref" runs ``reference.ns_orthogonalize_ref`` matrix by matrix.
-Both give the same bits (the batched products compute each matrix as they compute it alone). ``fp32=True``
+Both give the same bits (the batched products compute each matrix as they compute it alone). On a GPU,
+"cuda" (the same grouping on cuBLAS, csrc/cuda/ns_orthogonalize_cuda.cpp) and "triton" (one batched
+strided-matmul launch per product and shape, kernels/ns_orthogonalize.py) sum their products in another
+order than the reference's GEMMs: within bf16 rounding of it (<= 0.03 absolute), not bit for bit. Every
+backend is CUDA-graph capturable. ``fp32=True``
 computes in float32 instead of bfloat16: for CPUs without native bf16 arithmetic, where bf16 matmuls are
 emulated and several times slower; it differs from the bf16 reference by bf16 rounding (max abs
 difference <= 0.03 on entries up to ~0.5; measured 0.011 on one random matrix of each Muon shape of the
