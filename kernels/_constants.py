@@ -16,3 +16,6 @@ FOUR_OVER_PI2 = 4.0 / math.pi**2
 # Sides of a real GT shorter than this (px, the middle stride 16) are widened to it for the assigner's
 # candidate test only (DESIGN §2.1 step 1): a 4 px box otherwise may contain no anchor centre of any level.
 SMALL_GT_SIDE = 16.0
+# Muon's Newton-Schulz normalisation X / (||X||_F + eps) (YOLO11_YOLO26.md §5.3); the same value as CIoU's
+# eps by coincidence, named apart so that neither can change the other.
+NS_EPS = 1e-7

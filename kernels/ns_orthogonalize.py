@@ -26,6 +26,7 @@ import triton.language as tl
 from torch import Tensor
 
 from . import _common
+from ._constants import NS_EPS
 
 # Muon's quintic coefficients (a, b, c); equal to reference.NS_COEFFS (the tests hold them together).
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
@@ -168,7 +169,7 @@ def _ns_orthogonalize_op(mats: list[Tensor], steps: int, eps: float, fp32: bool)
     return out
 
 
-def ns_orthogonalize(mats, steps: int = 5, eps: float = 1e-7, fp32: bool = False) -> list[Tensor]:
+def ns_orthogonalize(mats, steps: int = 5, eps: float = NS_EPS, fp32: bool = False) -> list[Tensor]:
     """NS5(u.reshape(u.shape[0], -1)) for every u in ``mats`` (a list of tensors, ndim >= 2, one device),
     each returned contiguous in u's shape and dtype; bf16 compute (``fp32=True``: float32)."""
     with torch.no_grad():
