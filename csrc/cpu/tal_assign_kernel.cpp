@@ -88,25 +88,31 @@ void assign(const Problem<T, Scores>& pr, const OutPtrs<T>& out) {
   write_targets(pr, cs, st, pm, out);
 }
 
+// The op's hyperparameters (k2: the second top-k after the conflicts, 0 = off).
+struct Hyper {
+  int64_t topk, k2;
+  double alpha, beta, eps;
+};
+
+using Inputs = yolofast_checks::TalAssignInputs;  // the compute-type box tensors (and scores, unused here)
+
 // The Problem of one assignment from the op's (compute-type) tensors.
 template <typename T, typename Scores>
-Problem<T, Scores> make_problem(const Scores& score, int64_t B, int64_t A, int64_t C, const at::Tensor& pbox,
-                                const at::Tensor& anc, const at::Tensor& labels, const at::Tensor& gt,
-                                const at::Tensor& real, const at::Tensor& pd_atan, const at::Tensor& gt_atan,
-                                int64_t topk, int64_t k2, double alpha, double beta, double eps) {
+Problem<T, Scores> make_problem(const Scores& score, int64_t B, int64_t A, int64_t C, const Inputs& in,
+                                const at::Tensor& pd_atan, const at::Tensor& gt_atan, const Hyper& h) {
   Problem<T, Scores> pr;
   pr.score = &score;
-  pr.B = B, pr.A = A, pr.C = C, pr.M = gt.size(1);
-  pr.k = std::min<int64_t>(topk, A);
-  pr.k2 = k2;
-  pr.pbox = pbox.data_ptr<T>();
-  pr.anc = anc.data_ptr<T>();
-  pr.labels = labels.data_ptr<int64_t>();
-  pr.gtb = gt.data_ptr<T>();
-  pr.real = real.data_ptr<bool>();
+  pr.B = B, pr.A = A, pr.C = C, pr.M = in.gt.size(1);
+  pr.k = std::min<int64_t>(h.topk, A);
+  pr.k2 = h.k2;
+  pr.pbox = in.pbox.data_ptr<T>();
+  pr.anc = in.anc.data_ptr<T>();
+  pr.labels = in.labels.data_ptr<int64_t>();
+  pr.gtb = in.gt.data_ptr<T>();
+  pr.real = in.real.data_ptr<bool>();
   pr.pd_atan = pd_atan.data_ptr<T>();
   pr.gt_atan = gt_atan.data_ptr<T>();
-  pr.P = make_params<T>(alpha, beta, eps);
+  pr.P = make_params<T>(h.alpha, h.beta, h.eps);
   return pr;
 }
 
@@ -137,24 +143,22 @@ std::vector<int64_t> score_sizes(int64_t B, int64_t A, int64_t C, bool dense_sco
 // the class being min(target_labels, C - 1): the (B, A, C) tensor is that row one-hot, and at b8/640 its
 // 21.5 MB of mostly zeros are written here and read again by the loss.
 template <typename MakeScores>
-Outputs run(const MakeScores& make_scores, bool f64, int64_t B, int64_t A, int64_t C, const at::Tensor& pbox,
-            const at::Tensor& anc, const at::Tensor& labels, const at::Tensor& gt, const at::Tensor& real,
-            const at::Tensor& gt_bboxes, at::ScalarType out_dtype, int64_t topk, int64_t k2, double alpha, double beta,
-            double eps, bool dense_scores = true) {
+Outputs run(const MakeScores& make_scores, const Inputs& in, int64_t B, int64_t A, int64_t C,
+            const at::Tensor& gt_bboxes, at::ScalarType out_dtype, const Hyper& h, bool dense_scores = true) {
+  const bool f64 = in.f64;
   const auto ct = f64 ? at::kDouble : at::kFloat;
-  auto opts = pbox.options();
+  auto opts = in.pbox.options();
   at::Tensor o_lab = at::empty({B, A}, opts.dtype(at::kLong));
   at::Tensor o_box = at::empty({B, A, 4}, opts.dtype(ct));
   at::Tensor o_sc = at::empty(score_sizes(B, A, C, dense_scores), opts.dtype(ct));
   at::Tensor o_fg = at::empty({B, A}, opts.dtype(at::kBool));
   at::Tensor o_idx = at::empty({B, A}, opts.dtype(at::kLong));
-  const at::Tensor pd_atan = f64 ? aspect_atan<double>(pbox) : aspect_atan<float>(pbox);
-  const at::Tensor gt_atan = f64 ? aspect_atan<double>(gt) : aspect_atan<float>(gt);
+  const at::Tensor pd_atan = f64 ? aspect_atan<double>(in.pbox) : aspect_atan<float>(in.pbox);
+  const at::Tensor gt_atan = f64 ? aspect_atan<double>(in.gt) : aspect_atan<float>(in.gt);
   auto go = [&](auto zero) {
     using T = decltype(zero);
     const auto score = make_scores(zero);
-    const auto pr = make_problem<T>(score, B, A, C, pbox, anc, labels, gt, real, pd_atan, gt_atan, topk, k2,
-                                    alpha, beta, eps);
+    const auto pr = make_problem<T>(score, B, A, C, in, pd_atan, gt_atan, h);
     assign(pr, OutPtrs<T>{o_lab.data_ptr<int64_t>(), o_box.data_ptr<T>(), o_sc.data_ptr<T>(),
                           o_fg.data_ptr<bool>(), o_idx.data_ptr<int64_t>(), dense_scores});
   };
@@ -191,8 +195,7 @@ Outputs tal_assign_cpu(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes,
     using T = decltype(zero);
     return ProbScores<T>{scores.const_data_ptr<T>(), A, C};
   };
-  return run(make, in.f64, B, A, C, in.pbox, in.anc, in.labels, in.gt, in.real, gt_bboxes,
-             pd_scores.scalar_type(), topk, k2, alpha, beta, eps);
+  return run(make, in, B, A, C, gt_bboxes, pd_scores.scalar_type(), Hyper{topk, k2, alpha, beta, eps});
 }
 
 // tal_assign.maps: the scores are sigmoid(class logits) read from the head's maps in place (see MapLogits);
@@ -234,8 +237,7 @@ Outputs tal_assign_maps_cpu(at::TensorList feats, int64_t reg_max, const at::Ten
     }
     return s;
   };
-  return run(make, in.f64, B, A, C, in.pbox, in.anc, in.labels, in.gt, in.real, gt_bboxes, out_dtype, topk, k2,
-             alpha, beta, eps, dense_scores);
+  return run(make, in, B, A, C, gt_bboxes, out_dtype, Hyper{topk, k2, alpha, beta, eps}, dense_scores);
 }
 
 }  // namespace
