@@ -24,7 +24,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 import types
 
 from bench_loss_vs_ultralytics import SHAPES as V8_SHAPES
@@ -146,12 +145,18 @@ def run(shape: str, variants: list[str], rounds: int, peak: bool = False) -> dic
     items = {v: [round(float(x), 5) for x in fn()] for v, fn in steps.items() if v != "v8"}  # + the check
     print(f"{shape}: one-to-one items [box, cls, l1] " + "; ".join(f"{v} {it}" for v, it in items.items()),
           flush=True)
+    # The process's CPU time at 1 thread (a neighbour's time slices on a shared machine are not charged to
+    # the call), the wall clock at more (yolofast/bench/clock.py).
+    from yolofast.bench.clock import clock_name, now
+
+    kind = clock_name("cpu", torch.get_num_threads())
+    clock = now(kind)
     times = {v: [] for v in variants}
     for _ in range(rounds):
         for v, fn in steps.items():
-            t0 = time.perf_counter()
+            t0 = clock()
             fn()
-            times[v].append(time.perf_counter() - t0)
+            times[v].append(clock() - t0)
     med = {v: statistics.median(t) for v, t in times.items()}
     out = {v: statistics.median(a / b for a, b in zip(times[v], times["yolofast"])) for v in variants
            if v != "yolofast"}
@@ -159,8 +164,8 @@ def run(shape: str, variants: list[str], rounds: int, peak: bool = False) -> dic
     vs = "  ".join(f"yolofast {out[v]:.2f}x faster than {v}" for v in out if v != "v8")
     if "v8" in out:  # the ratio v8 / yolofast26 per round: its inverse is what the YOLO26 step costs
         vs += f"  YOLO26 step = {1 / out['v8']:.2f}x our v8 step"
-    print(f"{shape}: {torch.get_num_threads()} thread(s), {rounds} rounds, median  {cols}\n    {vs}",
-          flush=True)
+    print(f"{shape}: {torch.get_num_threads()} thread(s), {kind} clock, {rounds} rounds, median  {cols}\n"
+          f"    {vs}", flush=True)
     if peak:
         from yolofast.bench.runner import _peak_one_call_cpu
 

@@ -62,3 +62,23 @@ def test_head_decode_boxes_alone(lib):
         else:
             torch.testing.assert_close(b, want, rtol=1e-6, atol=1e-4)
     torch.library.opcheck(torch.ops.yolofast.head_decode.boxes, (feats, [8.0, 16.0, 32.0], 16))
+
+
+def test_head_decode_reg_max_1_is_the_composed_form_bit_for_bit(lib):
+    """reg_max 1 (YOLO26: the four channels are the distances, possibly negative): the C++ decode and its
+    ``.boxes`` give the composed form's values bit for bit (same operations: the box in grid units, then x
+    stride), in both dtypes and on strided maps; the public wrapper routes reg_max 1 to the C++ form."""
+    from yolofast.ops import _composed, head_decode
+
+    feats, *_ = make_maps(2, 7, [(9, 7), (5, 4), (3, 2)], 22, reg_max=1)
+    feats = [f * 4 for f in feats]  # distances of a few cells, negative ones included
+    for fs in (feats, [f.double() for f in feats], [f.to(memory_format=torch.channels_last) for f in feats]):
+        want_s, want_b = _composed.head_decode(fs, (8, 16, 32), 1)
+        s, b = lib.head_decode(fs, (8, 16, 32), 1)
+        assert torch.equal(b, want_b)
+        torch.testing.assert_close(s, want_s, rtol=1e-6, atol=1e-7)  # the sigmoid as for reg_max 16
+        assert torch.equal(torch.ops.yolofast.head_decode.boxes(fs, [8.0, 16.0, 32.0], 1), want_b)
+    with backend("cpp"):
+        _, b = head_decode(feats, (8, 16, 32), 1, scores=False)
+    assert torch.equal(b, _composed.head_decode_boxes(feats, (8, 16, 32), 1))
+    torch.library.opcheck(torch.ops.yolofast.head_decode.boxes, (feats, [8.0, 16.0, 32.0], 1))

@@ -54,10 +54,10 @@ _COMPILED = {
 # Compiled-only forms: no reference or composed form exists, so a backend without one answers None and the
 # caller runs the op instead (ema_update.plan: ModelEMA's whole step as one call of a torch.classes object).
 _COMPILED_ONLY = {("ema_update.plan", "cpp"): "ema_plan"}
-# Compiled forms that decode the head's maps with DFL bins: reg_max >= 2 only; a reg_max 1 head (YOLO26: raw
-# distances) gets the composed form on the same backend. The C++ tal_assign.maps and bbox_loss.maps read
-# reg_max 1 maps in place too (bbox_loss.maps then takes the L1 geometry as l1_scale).
-_DFL_ONLY = frozenset({"head_decode", "head_decode.boxes"})
+# Compiled forms that decode the head's maps with DFL bins only (reg_max >= 2; a reg_max 1 head would get the
+# composed form on the same backend): none now. The C++ head_decode, tal_assign.maps and bbox_loss.maps read
+# reg_max 1 maps (YOLO26: raw distances) in place too (bbox_loss.maps then takes the L1 geometry as l1_scale).
+_DFL_ONLY: frozenset = frozenset()
 # Ops with a reference in reference.py (<op>_ref) and a Triton kernel (yolofast.kernels.<op>); head_decode
 # has neither: off the CPU kernel it is torch ops (_composed.head_decode) on every backend.
 _REFERENCE_OPS = ("tal_assign", "bbox_loss", "ema_update", "ns_orthogonalize")

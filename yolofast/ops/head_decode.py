@@ -24,7 +24,7 @@ def head_decode(feats, strides, reg_max: int = 16, scores: bool = True):
         raise ValueError(
             f"head_decode: {len(feats)} maps but {len(strides)} strides; pass one stride per map"
         )
-    # reg_max 1 (raw distances): the C++ decode is DFL-only, so implementation() hands out the torch form.
+    # reg_max 1 (raw distances, YOLO26): the C++ decode reads them in place too, in the torch form's order.
     name = backend_name("head_decode", feats[0].device.type)
     if not scores:
         return None, implementation("head_decode.boxes", name, reg_max)(feats, strides, reg_max)
