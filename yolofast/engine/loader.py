@@ -1,8 +1,11 @@
 """The trainer's data loaders: what ``Trainer.get_dataloader`` builds from the recipe, the train loader
-rebuilt at another batch size (AutoBatch, out-of-memory halving), and one epoch's batches across such a
-rebuild. Kept out of ``trainer.py`` so the loop reads top to bottom; the Trainer's hooks call these."""
+rebuilt at another batch size (AutoBatch, out-of-memory halving), one epoch's batches across such a
+rebuild, and a batch onto the device (``Trainer.preprocess_batch``). Kept out of ``trainer.py`` so the
+loop reads top to bottom; the Trainer's hooks call these."""
 
 from __future__ import annotations
+
+import random
 
 import torch
 
@@ -10,9 +13,10 @@ from yolofast.cfg import CfgError
 from yolofast.engine import cudagraph
 from yolofast.engine.compile import compile_mode
 from yolofast.engine.distributed import unwrap_model
+from yolofast.engine.multiscale import random_size, resize_batch
 
 __all__ = ["build_loader", "close_mosaic", "epoch_batches", "halved_batch", "rebuild_train_loader",
-           "static_batches"]
+           "static_batches", "to_device"]
 
 _HYP = ("hsv_h", "hsv_s", "hsv_v", "degrees", "translate", "scale", "shear", "perspective", "flipud",
         "fliplr", "mosaic", "mixup", "bgr", "cutmix", "copy_paste")
@@ -114,3 +118,23 @@ def close_mosaic(loader) -> None:
     ds = getattr(loader, "dataset", None)
     if hasattr(ds, "close_mosaic"):
         ds.close_mosaic()
+
+
+def to_device(batch: dict, device: torch.device, channels_last: bool, args, stride: int) -> dict:
+    """Tensors to ``device`` (non_blocking), images to float in [0, 1] (NHWC with ``channels_last``); an
+    augment_device batch's plans rendered there; with multi_scale, a random size per batch around imgsz
+    rounded to ``stride`` (multiscale.py)."""
+    if "plans" in batch:  # augment_device: the loader sent plans, the device renders the images
+        from yolofast.data.device_aug import apply_plans
+
+        batch = {**batch, "img": apply_plans(batch["plans"], device)}
+    out = {k: (v.to(device, non_blocking=True) if torch.is_tensor(v) else v) for k, v in batch.items()}
+    # Training images arrive channels-last uint8: layout and scaling in one pass here, on the device.
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    out["img"] = out["img"].to(torch.float32, memory_format=fmt).div_(255)
+    if args.multi_scale:
+        size = random_size(args.imgsz, args.multi_scale, stride, random)
+        out["img"] = resize_batch(out["img"], size, stride)
+    if channels_last:
+        out["img"] = out["img"].contiguous(memory_format=torch.channels_last)
+    return out

@@ -3,11 +3,13 @@ calls them in order and keeps the results in ``trainer.parts``; the doctor calls
 
     channels_last(args, device) -> bool          the memory layout of the model and the images
     build_model(t, src, channels_last)          t.get_model(src) on the device, in train mode (+ SyncBN)
+    recipe_model(t, cfg, weights)               what the default get_model builds: (model, frozen)
     rank_batch(args, world_size) -> int         the per-rank batch before AutoBatch
     build_loss(t, model) -> LossParts            t.get_loss(model), and the distillation step around it
     auto_batch(t, step_model, step_loss)        AutoBatch's batch (batch=-1 / a fraction), or None
     build_optimizer(t, step_model, ...)          the recipe's optimizer (optim.recipe_optimizer)
     step_blockers(t, accumulate) / build_graph   the CUDA-graph step, when cuda_graph=True and possible
+    recipe_validator(t)                          what the default get_validator builds
 
 They read the trainer (its recipe, data, device and hooks) and write none of its attributes. A hook reads
 what is built before it from ``trainer.parts`` (get_dataloader the model's stride, get_loss the train
@@ -24,15 +26,17 @@ import torch
 import yaml
 from torch import nn
 
-from yolofast.cfg import DEFAULTS
-from yolofast.engine import distill, elastic, optim
+from yolofast.cfg import DEFAULTS, CfgError, quantize_half
+from yolofast.engine import distill, elastic, model_keys, optim
 from yolofast.engine.autobatch import autobatch, autobatch_gt, resolve_batch
 from yolofast.engine.compile import compile_mode
 from yolofast.engine.cudagraph import GraphedTrainStep, graph_blockers, optimizer_kwargs
 from yolofast.engine.distributed import is_main_process, unwrap_model
 
 __all__ = ["LossParts", "auto_batch", "build_graph", "build_loss", "build_model", "build_optimizer",
-           "channels_last", "model_stride", "rank_batch", "step_blockers", "write_run_dir"]
+           "channels_last", "model_stride", "rank_batch", "recipe_model", "recipe_validator", "step_blockers",
+           "write_run_dir"]
+_VAL_CONF = 0.001  # what conf=None means for validation (Ultralytics' val default)
 
 
 def write_run_dir(t) -> None:
@@ -69,6 +73,37 @@ def build_model(t, src, nhwc: bool) -> nn.Module:
         warnings.warn("sync_bn=True needs DDP on CUDA (torchrun with nccl); BatchNorm statistics stay per "
                       "process", stacklevel=3)
     return model
+
+
+def recipe_model(t, cfg=None, weights=None) -> tuple[nn.Module, list[str]]:
+    """What ``Trainer.get_model`` builds: an nn.Module as given, a yolofast checkpoint's weights, or a fresh
+    build (with ``pretrained=path``'s weights); then ``weights``, the names, the DFL's fixed bins frozen and
+    the recipe's ``freeze``. Returns (model, the frozen layer prefixes)."""
+    from yolofast.nn import build_model as build_net
+
+    a, nc, names = t.args, t.data["nc"], t.data["names"]
+    if isinstance(cfg, nn.Module):
+        model = cfg
+        if getattr(model, "nc", nc) != nc:
+            raise CfgError(f"the given model predicts {model.nc} classes but data '{a.data}' has "
+                           f"nc={nc}; build it with build_model(cfg, nc={nc})")
+    elif isinstance(cfg, (str, Path)) and str(cfg).endswith(".pt"):
+        from yolofast.io.transfer import model_from_weights
+
+        model = model_from_weights(cfg, nc, names, log=t.log, load=a.pretrained is not False,
+                                   remap=a.cls_remap)
+    else:
+        model = build_net(cfg, nc=nc, verbose=a.verbose and is_main_process())
+        if isinstance(a.pretrained, str):  # pretrained=path: that file's weights into `model`
+            from yolofast.io.transfer import load_weights
+
+            load_weights(model, a.pretrained, names, remap=a.cls_remap, log=t.log)
+    if weights is not None:
+        model.load_state_dict(weights.state_dict() if isinstance(weights, nn.Module) else weights)
+    model.names = names
+    for n, p in model.named_parameters():  # the DFL's fixed 0..15 bin weights stay frozen (DDP needs
+        p.requires_grad_(".dfl." not in n)  # every trainable parameter to get a gradient)
+    return model, model_keys.apply_freeze(model, a, t.log)
 
 
 def model_stride(model: nn.Module) -> int:
@@ -150,3 +185,22 @@ def build_graph(t, why: list[str] | None, parts) -> GraphedTrainStep | None:
     bucket = autobatch_gt(parts.train_loader.dataset, t.args.mosaic)  # GT rows of the captured batch
     return GraphedTrainStep(parts.step_model, parts.train_loss, parts.optimizer, parts.ema, parts.amp_dtype,
                             gt_bucket=bucket, batch_size=parts.batch_size, max_norm=t.max_norm)
+
+
+def recipe_validator(t):
+    """What ``Trainer.get_validator`` builds: the Validator over ``t.val_loader`` with the validation loss
+    (``t.criterion``), the recipe's conf/iou/nms/max_det and the run's predictions.json."""
+    from yolofast.val import Validator
+    from yolofast.val.validator import raise_max_det
+
+    a = t.args
+    # max_det left at 300 follows the most labels of one train or val image (as Ultralytics 8.4 does)
+    max_det = raise_max_det(a.max_det, *(getattr(getattr(dl, "dataset", None), "labels", None) or []
+                                         for dl in (t.train_loader, t.val_loader)))
+    return Validator(t.val_loader, t.data["names"], conf=_VAL_CONF if a.conf is None else a.conf,
+                     iou=a.iou, nms=a.nms,  # None: one-to-many + NMS, so fitness is Ultralytics'
+                     max_det=max_det, loss=t.criterion, device=t.device,
+                     half=quantize_half(a.quantize, t.amp_dtype is not None),
+                     progress=a.verbose and is_main_process(), map_convention=a.map_convention,
+                     save_json=t.save_dir / "predictions.json" if a.save_json else None,
+                     coco_json=t.data.get("coco_json"))

@@ -39,7 +39,6 @@ or instantiate it directly:
 from __future__ import annotations
 
 import contextlib
-import random
 import time
 from pathlib import Path
 
@@ -47,7 +46,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from yolofast.cfg import CfgError, get_cfg, quantize_half
+from yolofast.cfg import get_cfg
 from yolofast.engine import loader, model_keys, optim, resume, setup
 from yolofast.engine.callbacks import Callbacks, ValBatchEvents
 from yolofast.engine.compile import train_step_modules
@@ -68,18 +67,16 @@ from yolofast.engine.distributed import (
 from yolofast.engine.freeze import freeze_bn
 from yolofast.engine.gradnorm import GradNormStats
 from yolofast.engine.loggers import LOSS_NAMES, RESULTS_COLUMNS, default_loggers, metric_columns
-from yolofast.engine.multiscale import random_size, resize_batch
 from yolofast.engine.profiler import make_profiler
 from yolofast.engine.recovery import NonFiniteGuard, OutOfMemoryHalving, is_out_of_memory
 from yolofast.engine.schedule import Schedule
 from yolofast.engine.state import RunState, RunViews, TrainParts
-from yolofast.engine.validate_args import training_data, validate_args
+from yolofast.engine.validate_args import recipe_overrides, training_data, validate_args
 from yolofast.io.paths import increment_path
 
 # select_device, init_seeds, cpu_has_native_bf16: yolofast/engine/device.py (re-exported here)
 __all__ = ["Trainer", "RESULTS_COLUMNS", "cpu_has_native_bf16", "select_device", "increment_path",
            "init_seeds"]
-_VAL_CONF = 0.001  # what conf=None means for validation (Ultralytics' val default)
 
 
 def _fp32(feats):
@@ -102,12 +99,7 @@ class Trainer(RunViews):
     max_norm: float = 10.0
 
     def __init__(self, overrides: dict | None = None, _callbacks: Callbacks | None = None, **kwargs):
-        overrides = {**(overrides or {}), **kwargs}
-        self._model_obj = overrides.get("model") if isinstance(overrides.get("model"), nn.Module) else None
-        if self._model_obj is not None:
-            overrides["model"] = type(self._model_obj).__name__
-        if isinstance(overrides.get("data"), Path):
-            overrides["data"] = str(overrides["data"])
+        overrides, self._model_obj = recipe_overrides({**(overrides or {}), **kwargs})  # validate_args.py
         self.args = get_cfg(**overrides)
         self.callbacks = _callbacks or Callbacks()
 
@@ -177,32 +169,9 @@ class Trainer(RunViews):
 
     # ------------------------------------------------------------------ hooks for subclasses
     def get_model(self, cfg=None, weights=None) -> nn.Module:
-        """The model to train: an nn.Module as given, a yolofast checkpoint's weights, or a fresh build."""
-        from yolofast.nn import build_model
-
-        nc, names = self.data["nc"], self.data["names"]
-        if isinstance(cfg, nn.Module):
-            model = cfg
-            if getattr(model, "nc", nc) != nc:
-                raise CfgError(f"the given model predicts {model.nc} classes but data '{self.args.data}' has "
-                               f"nc={nc}; build it with build_model(cfg, nc={nc})")
-        elif isinstance(cfg, (str, Path)) and str(cfg).endswith(".pt"):
-            from yolofast.io.transfer import model_from_weights
-
-            model = model_from_weights(cfg, nc, names, log=self.log, load=self.args.pretrained is not False,
-                                       remap=self.args.cls_remap)
-        else:
-            model = build_model(cfg, nc=nc, verbose=self.args.verbose and is_main_process())
-            if isinstance(self.args.pretrained, str):  # pretrained=path: that file's weights into `model`
-                from yolofast.io.transfer import load_weights
-
-                load_weights(model, self.args.pretrained, names, remap=self.args.cls_remap, log=self.log)
-        if weights is not None:
-            model.load_state_dict(weights.state_dict() if isinstance(weights, nn.Module) else weights)
-        model.names = names
-        for n, p in model.named_parameters():  # the DFL's fixed 0..15 bin weights stay frozen (DDP needs
-            p.requires_grad_(".dfl." not in n)  # every trainable parameter to get a gradient)
-        self.frozen = model_keys.apply_freeze(model, self.args, self.log)
+        """The model to train: an nn.Module as given, a yolofast checkpoint's weights, or a fresh build;
+        then ``weights``, the DFL's frozen bins and ``freeze`` (setup.recipe_model)."""
+        model, self.frozen = setup.recipe_model(self, cfg, weights)
         return model
 
     def get_dataloader(self, img_path, batch_size: int = 16, mode: str = "train"):
@@ -222,21 +191,7 @@ class Trainer(RunViews):
 
     def get_validator(self):
         """``validator(model) -> metrics dict`` over the ``split`` data, with the validation loss."""
-        from yolofast.val import Validator
-        from yolofast.val.validator import raise_max_det
-
-        a = self.args
-        # max_det left at 300 follows the most labels of one train or val image (as Ultralytics 8.4 does)
-        max_det = raise_max_det(a.max_det, *(getattr(getattr(dl, "dataset", None), "labels", None) or []
-                                             for dl in (self.train_loader, self.val_loader)))
-        return Validator(self.val_loader, self.data["names"], conf=_VAL_CONF if a.conf is None else a.conf,
-                         iou=self.args.iou, nms=a.nms,  # None: one-to-many + NMS, so fitness is Ultralytics'
-                         max_det=max_det, loss=self.criterion, device=self.device,
-                         half=quantize_half(a.quantize, self.amp_dtype is not None),
-                         progress=self.args.verbose and is_main_process(),
-                         map_convention=self.args.map_convention,
-                         save_json=self.save_dir / "predictions.json" if self.args.save_json else None,
-                         coco_json=self.data.get("coco_json"))
+        return setup.recipe_validator(self)  # engine/setup.py
 
     # ------------------------------------------------------------------ setup
     def log(self, msg: str) -> None:
@@ -362,7 +317,7 @@ class Trainer(RunViews):
 
     def _train_epoch(self, epoch: int, t_start: float) -> None:
         """The epoch's batches: warmup values, preprocess, the step, the running mean of the loss items
-        and the time limit. An out of memory halves the batch and goes on (``_out_of_memory``)."""
+        and the time limit. An out of memory halves the batch and goes on from the failed batch's images."""
         a, s, sched = self.args, self.state, self.schedule
         for i, batch, images_done in loader.epoch_batches(self):  # goes on across an OOM halving
             s.batch_i = i
@@ -374,7 +329,10 @@ class Trainer(RunViews):
             try:
                 items = self.train_batch(batch, epoch, i, ni)
             except RuntimeError as e:  # out of memory: half the batch; this batch's images come next
-                self._out_of_memory(e, epoch, i, images_done)
+                if not is_out_of_memory(e):
+                    raise
+                i = self.parts.oom.halve(e, epoch, i, images_done)  # recovery.py
+                s.last_opt_step = i + sched.nb * epoch - 1  # the next step counts from the halving
                 continue
             if items is None:  # non-finite loss: the step was skipped (recovery.py)
                 continue
@@ -386,14 +344,6 @@ class Trainer(RunViews):
                 s.stop = True
                 self.log(f"Time limit of {a.time} h reached in epoch {epoch + 1}; stopping")
                 break
-
-    def _out_of_memory(self, e: RuntimeError, epoch: int, i: int, images_done: int) -> None:
-        """Re-raise anything but an out of memory; else halve the batch (recovery.py): the epoch goes on
-        from the failed batch's images, and the next step counts from there."""
-        if not is_out_of_memory(e):
-            raise e
-        i = self.parts.oom.halve(e, epoch, i, images_done)
-        self.state.last_opt_step = i + self.schedule.nb * epoch - 1
 
     def _end_epoch(self, epoch: int, t_start: float) -> None:
         """Validation (every epoch with val=True, and the last), best fitness, early stopping by patience,
@@ -459,22 +409,8 @@ class Trainer(RunViews):
         return items
 
     def preprocess_batch(self, batch: dict) -> dict:
-        """Tensors to the device (non_blocking), images to float in [0, 1]."""
-        dev = self.device
-        if "plans" in batch:  # augment_device: the loader sent plans, the device renders the images
-            from yolofast.data.device_aug import apply_plans
-
-            batch = {**batch, "img": apply_plans(batch["plans"], dev)}
-        out = {k: (v.to(dev, non_blocking=True) if torch.is_tensor(v) else v) for k, v in batch.items()}
-        # Training images arrive channels-last uint8: layout and scaling in one pass here, on the device.
-        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
-        out["img"] = out["img"].to(torch.float32, memory_format=fmt).div_(255)
-        if self.args.multi_scale:  # a random size per batch around imgsz (multiscale.py)
-            out["img"] = resize_batch(out["img"], random_size(self.args.imgsz, self.args.multi_scale,
-                                                              self.stride, random), self.stride)
-        if self.channels_last:
-            out["img"] = out["img"].contiguous(memory_format=torch.channels_last)
-        return out
+        """Tensors to the device (non_blocking), images to float in [0, 1] (loader.to_device)."""
+        return loader.to_device(batch, self.device, self.channels_last, self.args, self.stride)
 
     def optimizer_step(self) -> None:
         """unscale -> clip_grad_norm_(max_norm: 10 unless a subclass sets it) -> step -> scaler update ->

@@ -11,13 +11,27 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from torch import nn
+
 from yolofast.cfg import CfgError
 
-__all__ = ["validate_args", "check_imgsz", "check_model", "MODEL_NAMES", "MAX_STRIDE"]
+__all__ = ["validate_args", "check_imgsz", "check_model", "recipe_overrides", "MODEL_NAMES", "MAX_STRIDE"]
 
 MAX_STRIDE = 32  # P5 output: the input must divide into 32-px cells at the coarsest level
 MODEL_NAMES = tuple(f"{family}{s}" for family in ("yolov8", "yolo11", "yolo26") for s in "nsmlx")
 _NAMED = re.compile(r"^(yolov8|yolo11|yolo26)[nsmlx](\.yaml)?$", re.IGNORECASE)
+
+
+def recipe_overrides(overrides: dict) -> tuple[dict, object]:
+    """(the recipe's keys, the nn.Module given as ``model`` or None): a module stands in the recipe by its
+    class name (args.yaml and checkpoints record that), a Path ``data`` as a str."""
+    overrides = dict(overrides)
+    model_obj = overrides.get("model") if isinstance(overrides.get("model"), nn.Module) else None
+    if model_obj is not None:
+        overrides["model"] = type(model_obj).__name__
+    if isinstance(overrides.get("data"), Path):
+        overrides["data"] = str(overrides["data"])
+    return overrides, model_obj
 
 
 def check_imgsz(imgsz, stride: int = MAX_STRIDE, name: str = "imgsz") -> int:

@@ -164,7 +164,19 @@ def tal_assign_ref(
     labels = gt_labels.reshape(B, M).long()
     labels_c = labels.clamp(0, C - 1)  # only so that padding rows index safely
 
-    # 1. candidates (B, M, A): anchor centre strictly inside the (small-side widened) real GT box.
+    cand = _candidates(gt, real, anc, eps)  # 1.
+    overlap, align = _metric(scores, pd, gt, labels_c, cand, alpha, beta)  # 2.
+    selected = _topk(align, cand, topk)  # 3.
+    gt_idx, align_a, fg = _conflicts(selected, cand, overlap, align)  # 4.
+    if topk2 is not None and int(topk2) != int(topk):
+        fg = _second_topk(align, fg, gt_idx, topk2)  # 4b.
+    return _targets(fg, gt_idx, align_a, align, overlap, labels, labels_c, gt_bboxes, pd_scores.dtype,
+                    C, eps)  # 5.
+
+
+def _candidates(gt: torch.Tensor, real: torch.Tensor, anc: torch.Tensor, eps: float) -> torch.Tensor:
+    """Step 1 of ``tal_assign_ref``: candidates (B, M, A), the anchor centre strictly inside the real GT's
+    box with any side shorter than SMALL_GT_SIDE widened to it about the box centre."""
     x1, y1, x2, y2 = gt.unbind(-1)
     cx, cy = (x1 + x2) / 2, (y1 + y2) / 2
     half = SMALL_GT_SIDE / 2
@@ -179,34 +191,52 @@ def tal_assign_ref(
         & ((x2[..., None] - ax) > eps)
         & ((y2[..., None] - ay) > eps)
     )
-    cand = inside & real[..., None]
+    return inside & real[..., None]
 
-    # 2. overlap and alignment metric (B, M, A), zero off the candidates.
+
+def _metric(scores: torch.Tensor, pd: torch.Tensor, gt: torch.Tensor, labels_c: torch.Tensor,
+            cand: torch.Tensor, alpha: float, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step 2: (overlap, align), each (B, M, A) and zero off the candidates."""
+    B, A, M = scores.shape[0], scores.shape[1], gt.shape[1]
     overlap = bbox_ciou(gt[:, :, None, :], pd[:, None, :, :]).clamp(min=0)
     overlap = torch.where(cand, overlap, 0)
     # s[b, g, a] = scores[b, a, label(b, g)]
     s = scores.gather(2, labels_c[:, None, :].expand(B, A, M)).transpose(1, 2)
     align = torch.where(cand, s.pow(alpha) * overlap.pow(beta), 0)
+    return overlap, align
 
-    # 3. top-k per GT; a stable sort makes ties go to the lower anchor index.
+
+def _topk(align: torch.Tensor, cand: torch.Tensor, topk: int) -> torch.Tensor:
+    """Step 3: selected (B, M, A), each GT's topk largest align that are candidates with align > 0; a
+    stable sort makes ties go to the lower anchor index."""
+    B, M, A = align.shape
     k = min(topk, A)
     top = torch.sort(align, dim=-1, descending=True, stable=True).indices[..., :k]
-    selected = torch.zeros(B, M, A, dtype=torch.bool, device=dev).scatter_(-1, top, True)
-    selected &= cand & (align > 0)
+    selected = torch.zeros(B, M, A, dtype=torch.bool, device=align.device).scatter_(-1, top, True)
+    return selected & cand & (align > 0)
 
-    # 4. conflicts: an anchor selected by >= 2 GTs goes to its best-overlap candidate GT (argmax returns
-    # the first maximum, i.e. the lowest GT index on ties; non-candidates rank below every candidate).
+
+def _conflicts(selected: torch.Tensor, cand: torch.Tensor, overlap: torch.Tensor, align: torch.Tensor):
+    """Step 4: (gt_idx (B, A), its align (B, A), fg (B, A)). An anchor selected by >= 2 GTs goes to its
+    best-overlap candidate GT (argmax returns the first maximum, i.e. the lowest GT index on ties;
+    non-candidates rank below every candidate); one selected by a single GT keeps it; it is positive only
+    with align > 0 for the GT it got."""
     n_sel = selected.sum(1)
     best_overlap_gt = torch.where(cand, overlap, -1).argmax(1)
     only_gt = selected.to(torch.uint8).argmax(1)
     gt_idx = torch.where(n_sel > 1, best_overlap_gt, only_gt)
     align_a = align.gather(1, gt_idx[:, None]).squeeze(1)  # (B, A) align with the assigned GT
     fg = (n_sel > 0) & (align_a > 0)
-    if topk2 is not None and int(topk2) != int(topk):
-        fg = _second_topk(align, fg, gt_idx, topk2)
-    target_gt_idx = torch.where(fg, gt_idx, 0)
+    return gt_idx, align_a, fg
 
-    # 5. targets and the per-GT score normalisation.
+
+def _targets(fg, gt_idx, align_a, align, overlap, labels, labels_c, gt_bboxes, score_dtype, C: int,
+             eps: float):
+    """Step 5: the targets of each anchor's GT (GT 0 for background) and the per-GT score normalisation
+    norm(a) = align(g, a) * pos_overlap(g) / (pos_align(g) + eps) over g's positives."""
+    B, M, A = align.shape
+    dev = align.device
+    target_gt_idx = torch.where(fg, gt_idx, 0)
     pos = fg[:, None, :] & (target_gt_idx[:, None, :] == torch.arange(M, device=dev)[None, :, None])
     pos_align = torch.where(pos, align, 0).amax(-1)  # (B, M)
     pos_overlap = torch.where(pos, overlap, 0).amax(-1)
@@ -217,7 +247,7 @@ def tal_assign_ref(
     target_bboxes = gt_bboxes.gather(1, target_gt_idx[..., None].expand(B, A, 4))
     lab = labels_c.gather(1, target_gt_idx)
     one_hot = lab[..., None] == torch.arange(C, device=dev)
-    target_scores = torch.where(one_hot, norm[..., None], 0).to(pd_scores.dtype)
+    target_scores = torch.where(one_hot, norm[..., None], 0).to(score_dtype)
     return target_labels, target_bboxes, target_scores, fg, target_gt_idx
 
 
