@@ -29,6 +29,7 @@ from yolofast.engine import distill, elastic, optim
 from yolofast.engine.autobatch import autobatch, autobatch_gt, resolve_batch
 from yolofast.engine.compile import compile_mode
 from yolofast.engine.cudagraph import GraphedTrainStep, graph_blockers, optimizer_kwargs
+from yolofast.engine.device import adjust_cpu_threads
 from yolofast.engine.distributed import is_main_process, unwrap_model
 
 __all__ = ["LossParts", "auto_batch", "build_graph", "build_loss", "build_model", "build_optimizer",
@@ -150,3 +151,15 @@ def build_graph(t, why: list[str] | None, parts) -> GraphedTrainStep | None:
     bucket = autobatch_gt(parts.train_loader.dataset, t.args.mosaic)  # GT rows of the captured batch
     return GraphedTrainStep(parts.step_model, parts.train_loss, parts.optimizer, parts.ema, parts.amp_dtype,
                             gt_bucket=bucket, batch_size=parts.batch_size, max_norm=t.max_norm)
+
+
+def epoch_threads(t, restore: bool = False) -> None:
+    """A CPU run's torch threads for the next epoch (``device.adjust_cpu_threads``): all cores but one,
+    or with ``deterministic=False`` the cores other processes leave free; at most the count at the start.
+    ``restore``: the count at the start again (the run is over)."""
+    if restore:
+        if t.parts.cpu_threads:
+            torch.set_num_threads(t.parts.cpu_threads)
+    elif t.device.type == "cpu":
+        t.parts.cpu_threads = t.parts.cpu_threads or torch.get_num_threads()
+        adjust_cpu_threads(t.parts.cpu_threads, not t.args.deterministic, t.log)
