@@ -7,6 +7,10 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+# A CPU Trainer leaves one core free (engine/device.py: cpu_train_threads) unless OMP_NUM_THREADS is set;
+# tests compare trainer runs with steps computed here at torch's default count, so keep that count.
+os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
+
 COCO128 = Path(__file__).resolve().parents[2] / "shared" / "data" / "coco128" / "coco128.yaml"
 
 

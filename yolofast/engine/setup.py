@@ -31,6 +31,7 @@ from yolofast.engine import distill, elastic, model_keys, optim
 from yolofast.engine.autobatch import autobatch, autobatch_gt, resolve_batch
 from yolofast.engine.compile import compile_mode
 from yolofast.engine.cudagraph import GraphedTrainStep, graph_blockers, optimizer_kwargs
+from yolofast.engine.device import adjust_cpu_threads
 from yolofast.engine.distributed import is_main_process, unwrap_model
 
 __all__ = ["LossParts", "auto_batch", "build_graph", "build_loss", "build_model", "build_optimizer",
@@ -204,3 +205,15 @@ def recipe_validator(t):
                      progress=a.verbose and is_main_process(), map_convention=a.map_convention,
                      save_json=t.save_dir / "predictions.json" if a.save_json else None,
                      coco_json=t.data.get("coco_json"))
+
+
+def epoch_threads(t, restore: bool = False) -> None:
+    """A CPU run's torch threads for the next epoch (``device.adjust_cpu_threads``): the run's own
+    count, or with ``deterministic=False`` the cores other processes leave free; at most the count at the start.
+    ``restore``: the count at the start again (the run is over)."""
+    if restore:
+        if t.parts.cpu_threads:
+            torch.set_num_threads(t.parts.cpu_threads)
+    elif t.device.type == "cpu":
+        t.parts.cpu_threads = t.parts.cpu_threads or torch.get_num_threads()
+        adjust_cpu_threads(t.parts.cpu_threads, not t.args.deterministic, t.log)

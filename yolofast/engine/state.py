@@ -80,6 +80,7 @@ class TrainParts:
     graph: Any = None  # GraphedTrainStep with cuda_graph=True, else None
     nonfinite: Any = None  # NonFiniteGuard (recovery.py)
     oom: Any = None  # OutOfMemoryHalving (recovery.py)
+    cpu_threads: int = 0  # torch threads at setup on a CPU run: the most an epoch uses (device.py)
 
 
 class View:

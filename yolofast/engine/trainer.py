@@ -158,6 +158,7 @@ class Trainer(RunViews):
             raise
         finally:
             self.run_callbacks("teardown")
+            setup.epoch_threads(self, restore=True)  # the caller's thread count again
             destroy_distributed()
         return self.metrics
 
@@ -310,6 +311,7 @@ class Trainer(RunViews):
         if self.args.close_mosaic and epoch == self.epochs - self.args.close_mosaic:
             self.log("Closing dataloader mosaic")
             loader.close_mosaic(self.train_loader)
+        setup.epoch_threads(self)  # a shared CPU: the free cores, each epoch
         self.run_callbacks("on_train_epoch_start")
         self.parts.nonfinite.snapshot()  # the last good state a run of non-finite losses falls back to
         self.state.tloss = None
