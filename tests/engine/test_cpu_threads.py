@@ -7,7 +7,7 @@ from yolofast.engine.device import adjust_cpu_threads, cpu_train_threads
 
 def test_threads_from_load(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    assert cpu_train_threads(2, cores=2, load=16.0) == 2  # deterministic: the run's own count, whatever the load
+    assert cpu_train_threads(2, cores=2, load=16.0) == 2  # deterministic: the run's own count
     assert cpu_train_threads(15, cores=16, load=30.0) == 15
     assert cpu_train_threads(1, cores=1) == 1
     follow = dict(cores=2, follow_load=True)

@@ -209,8 +209,8 @@ def recipe_validator(t):
 
 def epoch_threads(t, restore: bool = False) -> None:
     """A CPU run's torch threads for the next epoch (``device.adjust_cpu_threads``): the run's own
-    count, or with ``deterministic=False`` the cores other processes leave free; at most the count at the start.
-    ``restore``: the count at the start again (the run is over)."""
+    count, or with ``deterministic=False`` the cores other processes leave free; at most the count at the
+    start. ``restore``: the count at the start again (the run is over)."""
     if restore:
         if t.parts.cpu_threads:
             torch.set_num_threads(t.parts.cpu_threads)
