@@ -16,7 +16,9 @@ The layer order, bottom first (docs/layout.md states the same):
  4. ``yolofast.data``, ``yolofast.nn``, ``yolofast.loss`` (the model's ``loss()`` builds its criterion),
     ``yolofast.optim`` (MuSGD: the optimizers over ops), ``yolofast.predict.results`` (Results/Boxes, a leaf)
  5. ``yolofast.io``, ``yolofast.export``
- 6. ``yolofast.val``     7. ``yolofast.predict``     8. ``yolofast.engine``     9. ``yolofast.doctor``
+ 6. ``yolofast.val``     7. ``yolofast.predict``
+ 8. ``yolofast.doctor``: the checks over a Session the engine builds (engine/doctor_setup.py)
+ 9. ``yolofast.engine``
 10. ``yolofast.model``, ``yolofast.bench``     11. ``yolofast`` (the package), ``yolofast.cli``,
     ``yolofast.__main__``
 
@@ -52,15 +54,13 @@ LAYERS = [  # module-name prefixes, bottom first; a module takes the layer of it
     ("yolofast.io", "yolofast.export"),
     ("yolofast.val",),
     ("yolofast.predict",),
-    ("yolofast.engine",),
     ("yolofast.doctor",),
+    ("yolofast.engine",),
     ("yolofast.model", "yolofast.bench"),
     ("yolofast", "yolofast.cli", "yolofast.__main__"),
 ]
 
-KNOWN_BAD = {  # (importer, imported): lazy imports, each with what it reads
-    ("yolofast.engine.trainer", "yolofast.doctor"),  # Trainer.doctor() runs the doctor on the trainer
-}
+KNOWN_BAD: set[tuple[str, str]] = set()  # (importer, imported) lazy imports that point up: none left
 
 
 def _modules() -> dict[str, Path]:

@@ -4,7 +4,9 @@
 2. gradients: each loss branch's gradient norm over the model, the head and each layer group;
 3. overfit: N steps on that one batch; the loss must fall below a fraction of its start.
 
-Everything is built with the trainer's own hooks, so a subclass or recipe is diagnosed as it would train.
+Everything is built with the trainer's own hooks, so a subclass or recipe is diagnosed as it would train:
+``yolofast/engine/doctor_setup.py`` builds the ``Session`` and hands it to ``run`` (the doctor sits below
+the engine and imports none of it).
 Each problem is a named finding (``report.names``) with a one-line fix; the report is printed and saved as
 ``doctor.txt``, ``doctor.json`` and ``overfit.png`` in the run folder.
 """
@@ -19,27 +21,32 @@ import torch
 
 from yolofast.doctor.overfit import DEFAULT_FRACTION, DEFAULT_STEPS
 from yolofast.doctor.report import Finding, Report, Section
+from yolofast.doctor.session import Session
 
-__all__ = ["run", "Report", "Finding", "DEFAULT_STEPS", "DEFAULT_FRACTION"]
+__all__ = ["run", "check_options", "Report", "Finding", "Session", "DEFAULT_STEPS", "DEFAULT_FRACTION"]
 
 
-def run(trainer, steps: int = DEFAULT_STEPS, fraction: float = DEFAULT_FRACTION, save_dir=None,
+def check_options(steps: int, fraction: float) -> None:
+    if steps < 1 or not 0 < fraction < 1:
+        raise ValueError(f"doctor: steps={steps} must be >= 1 and fraction={fraction} in (0, 1)")
+
+
+def run(s: Session, steps: int = DEFAULT_STEPS, fraction: float = DEFAULT_FRACTION, save_dir=None,
         verbose: bool | None = None) -> Report:
-    """Diagnose ``trainer``'s model, data, loss and optimizer; returns the Report (``.ok``, ``.names``,
-    ``.findings``, ``.text()``). ``save_dir``: where doctor.txt/.json/overfit.png go (default: the
-    trainer's run folder); ``verbose``: print the report (default: the recipe's ``verbose``)."""
+    """Diagnose the session's model, data, loss and optimizer (``Trainer.doctor()`` builds it with the
+    trainer's hooks: engine/doctor_setup.py), then hand the trainer its own parts back; returns the Report
+    (``.ok``, ``.names``, ``.findings``, ``.text()``). ``save_dir``: where doctor.txt/.json/overfit.png go
+    (default: the trainer's run folder); ``verbose``: print the report (default: the recipe's
+    ``verbose``)."""
     from yolofast import __version__
-    from yolofast.doctor import setup
     from yolofast.doctor.gradients import check_gradients
     from yolofast.doctor.overfit import overfit
     from yolofast.doctor.trace import trace_data, trace_model
 
-    if steps < 1 or not 0 < fraction < 1:
-        raise ValueError(f"doctor: steps={steps} must be >= 1 and fraction={fraction} in (0, 1)")
-    t0 = time.time()
+    check_options(steps, fraction)
+    trainer, t_setup = s.trainer, s.setup_s
+    t0 = time.time() - t_setup
     a = trainer.args
-    s = setup.prepare(trainer)
-    t_setup = time.time() - t0
     try:
         data, model_sec, grad_sec, fit_sec = (Section("data"), Section("trace"), Section("gradients"),
                                               Section("overfit"))
@@ -64,7 +71,7 @@ def run(trainer, steps: int = DEFAULT_STEPS, fraction: float = DEFAULT_FRACTION,
                 sec.add("skipped: the model or the loss fails on this batch (see the trace)")
         amp = str(trainer.amp_dtype).replace("torch.", "") if trainer.amp_dtype is not None else "off (fp32)"
     finally:
-        setup.restore(s)
+        s.restore()
     n_params = sum(p.numel() for p in s.model.parameters())
     model = a.model if isinstance(a.model, (str, Path)) else type(s.model).__name__  # not a whole dict
     header = [f"yolofast {__version__} doctor  torch {torch.__version__}  {trainer.device}  "

@@ -6,7 +6,6 @@ import torch
 
 from yolofast.boxes import xywh2xyxy
 from yolofast.doctor.report import Section, fmt, stats, stats_line
-from yolofast.engine.distill import DistillLoss
 from yolofast.ops import reference
 from yolofast.ops.bbox_loss import maps_to_rows
 
@@ -18,12 +17,18 @@ BRANCHES = ("box", "cls", "dfl")
 def branch_names(loss, n: int) -> list[str]:
     """Names of a loss's items: its own ``loss_names``/``item_names`` when it has them, else box, cls, dfl
     and ``item3``, ... for anything a loss adds; the distillation term of distill_model is ``dis``."""
-    if isinstance(loss, DistillLoss):
+    if _is_distill_loss(loss):
         return branch_names(loss.criterion, n - 1) + ["dis"]
     own = getattr(loss, "loss_names", None) or getattr(loss, "item_names", None)
     if own is not None and len(own) == n:
         return [str(x) for x in own]
     return list(BRANCHES[:n]) + [f"item{k}" for k in range(len(BRANCHES), n)]
+
+
+def _is_distill_loss(loss) -> bool:
+    """engine/distill.py's DistillLoss (a layer above the doctor, so known by its shape): the criterion's
+    items, then ``dis x L_dis``."""
+    return isinstance(loss, torch.nn.Module) and hasattr(loss, "criterion") and hasattr(loss, "dis")
 
 
 # ---------------------------------------------------------------------------------------------- data

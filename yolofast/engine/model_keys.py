@@ -1,6 +1,6 @@
 """Recipe keys that act on the model or the loss at setup: ``freeze``, ``dropout``, ``cls_pw``.
 
-Called from ``Trainer.get_model`` / ``Trainer.get_loss`` so the trainer keeps one line per key.
+Called from ``setup.recipe_model`` / ``setup.recipe_loss`` (the default ``get_model`` / ``get_loss``).
 """
 
 from __future__ import annotations

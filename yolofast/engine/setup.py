@@ -5,6 +5,7 @@ calls them in order and keeps the results in ``trainer.parts``; the doctor calls
     build_model(t, src, channels_last)          t.get_model(src) on the device, in train mode (+ SyncBN)
     recipe_model(t, cfg, weights)               what the default get_model builds: (model, frozen)
     rank_batch(args, world_size) -> int         the per-rank batch before AutoBatch
+    recipe_loss(t, model)                       what the default get_loss builds
     build_loss(t, model) -> LossParts            t.get_loss(model), and the distillation step around it
     auto_batch(t, step_model, step_loss)        AutoBatch's batch (batch=-1 / a fraction), or None
     build_optimizer(t, step_model, ...)          the recipe's optimizer (optim.recipe_optimizer)
@@ -35,8 +36,8 @@ from yolofast.engine.device import adjust_cpu_threads
 from yolofast.engine.distributed import is_main_process, unwrap_model
 
 __all__ = ["LossParts", "auto_batch", "build_graph", "build_loss", "build_model", "build_optimizer",
-           "channels_last", "model_stride", "rank_batch", "recipe_model", "recipe_validator", "step_blockers",
-           "write_run_dir"]
+           "channels_last", "model_stride", "rank_batch", "recipe_loss", "recipe_model", "recipe_validator",
+           "step_blockers", "write_run_dir"]
 _VAL_CONF = 0.001  # what conf=None means for validation (Ultralytics' val default)
 
 
@@ -116,6 +117,19 @@ def rank_batch(args, world_size: int) -> int:
     """Per-rank batch: batch / world size, or Ultralytics' 16 while AutoBatch has not chosen."""
     auto, _ = resolve_batch(args.batch)
     return max(DEFAULTS["batch"] if auto else args.batch // world_size, 1)
+
+
+def recipe_loss(t, model: nn.Module):
+    """What ``Trainer.get_loss`` builds: the criterion for ``model`` (DetectionLoss, or E2EDetectionLoss
+    for an end2end model) with the recipe's box/cls/dfl gains and ``cls_pw``'s class weights, on the
+    trainer's device."""
+    from yolofast.loss import criterion_for
+
+    m = unwrap_model(model)
+    weights = model_keys.class_weights_for(t, m.nc)  # cls_pw
+    a = t.args
+    loss = criterion_for(m, box=a.box, cls=a.cls, dfl=a.dfl, epochs=t.epochs, class_weights=weights)
+    return loss.to(t.device) if isinstance(loss, nn.Module) else loss
 
 
 class LossParts(NamedTuple):

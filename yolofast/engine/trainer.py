@@ -47,7 +47,7 @@ from torch import nn
 from tqdm import tqdm
 
 from yolofast.cfg import get_cfg
-from yolofast.engine import loader, model_keys, optim, resume, setup
+from yolofast.engine import doctor_setup, loader, optim, resume, setup
 from yolofast.engine.callbacks import Callbacks, ValBatchEvents
 from yolofast.engine.compile import train_step_modules
 from yolofast.engine.device import cpu_has_native_bf16, init_seeds, select_device, setup_amp
@@ -62,7 +62,6 @@ from yolofast.engine.distributed import (
     is_main_process,
     is_peer_failure,
     rank0_broadcast,
-    unwrap_model,
 )
 from yolofast.engine.freeze import freeze_bn
 from yolofast.engine.gradnorm import GradNormStats
@@ -163,10 +162,9 @@ class Trainer(RunViews):
         return self.metrics
 
     def doctor(self, **kw):
-        """Trace one batch, overfit it, check each loss branch's gradients (yolofast/doctor/)."""
-        from yolofast.doctor import run
-
-        return run(self, **kw)
+        """Trace one batch, overfit it, check each loss branch's gradients: ``yolofast.doctor.run`` on parts
+        built by this trainer's own hooks (engine/doctor_setup.py); returns the Report."""
+        return doctor_setup.diagnose(self, **kw)
 
     # ------------------------------------------------------------------ hooks for subclasses
     def get_model(self, cfg=None, weights=None) -> nn.Module:
@@ -182,13 +180,7 @@ class Trainer(RunViews):
     def get_loss(self, model: nn.Module):
         """``loss(feats, batch) -> (total, items)`` with the recipe's box/cls/dfl gains: DetectionLoss, or for
         an end2end model (YOLO26) E2EDetectionLoss, whose branch weights follow the schedule's epoch."""
-        from yolofast.loss import criterion_for
-
-        m = unwrap_model(model)
-        weights = model_keys.class_weights_for(self, m.nc)  # cls_pw
-        a = self.args
-        loss = criterion_for(m, box=a.box, cls=a.cls, dfl=a.dfl, epochs=self.epochs, class_weights=weights)
-        return loss.to(self.device) if isinstance(loss, nn.Module) else loss
+        return setup.recipe_loss(self, model)  # engine/setup.py
 
     def get_validator(self):
         """``validator(model) -> metrics dict`` over the ``split`` data, with the validation loss."""

@@ -1,58 +1,31 @@
-"""What the doctor examines, built with the trainer's own hooks (``get_model``, ``get_dataloader``,
-``get_loss``, its AMP and optimizer setup), so a subclass or a recipe is diagnosed as it would train.
+"""What the doctor examines (``yolofast.doctor.Session``), built with the trainer's own hooks (``get_model``,
+``get_dataloader``, ``get_loss``, its AMP and optimizer setup), so a subclass or a recipe is diagnosed as
+it would train; ``diagnose(trainer)`` runs the doctor on it (``Trainer.doctor()``, ``yolofast doctor``).
 With ``distill_model`` the step is the trainer's distillation step (``distill.train_step``): the student,
 its projectors and the frozen teacher, whose forward appends the 0-d distillation loss to the head maps."""
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
-
-import torch
-from torch import nn
+import time
 
 from yolofast.cfg import DEFAULTS, CfgError, get_cfg
+from yolofast.doctor import DEFAULT_FRACTION, DEFAULT_STEPS, Report, Session, check_options, run
 from yolofast.engine import distill, setup
 from yolofast.engine.autobatch import resolve_batch
-from yolofast.engine.device import setup_amp
+from yolofast.engine.device import init_seeds, setup_amp
 from yolofast.engine.schedule import Schedule
 from yolofast.engine.state import TrainParts
-from yolofast.engine.trainer import Trainer, init_seeds
 
-__all__ = ["Session", "prepare", "restore"]
+__all__ = ["diagnose", "prepare"]
 
 
-@dataclass
-class Session:
-    trainer: Trainer
-    model: nn.Module  # the student
-    step: nn.Module  # what the train step runs: ``model``, or the DistillStep with distill_model
-    loss: object  # what training optimises: trainer.get_loss(model), + dis x L_dis with distill_model
-    standard: object  # Trainer.get_loss: the recipe's DetectionLoss, the yardstick for the branches
-    batch: dict  # one batch of the training split without augmentation, on the device, images in [0, 1]
-    train_batch: dict | None  # the first batch of the training pipeline (augmented), as the loop sees it
-    optimizer: torch.optim.Optimizer
-    optimizer_name: str
-    nc: int
-    saved: TrainParts  # the trainer's own parts, handed back by restore
-
-    def autocast(self):
-        return self.trainer.autocast()
-
-    @property
-    def distilling(self) -> bool:
-        return self.step is not self.model
-
-    def forward(self):
-        """The step's outputs on the fixed batch in float32 (the loss runs in float32, as in the trainer):
-        the head maps, then L_dis when distilling."""
-        with self.autocast():
-            feats = self.step(self.batch["img"])
-        return [f.float() for f in feats]
-
-    def maps(self, feats: list) -> list:
-        """The head maps of ``forward()``'s outputs (without the distillation loss)."""
-        return feats[:-1] if self.distilling else feats
+def diagnose(trainer, steps: int = DEFAULT_STEPS, fraction: float = DEFAULT_FRACTION, save_dir=None,
+             verbose: bool | None = None) -> Report:
+    """``yolofast.doctor.run`` on a session built by ``prepare(trainer)``; the options are checked first,
+    before anything is built. The trainer gets its own parts back (``Session.restore``)."""
+    check_options(steps, fraction)
+    return run(prepare(trainer), steps, fraction, save_dir=save_dir, verbose=verbose)
 
 
 def _first_batch(loader) -> dict:
@@ -61,18 +34,21 @@ def _first_batch(loader) -> dict:
     raise ValueError("the training split gave no batch: check data= (its train images and labels)")
 
 
-def prepare(trainer: Trainer) -> Session:
+def prepare(trainer) -> Session:
     """The doctor's model, batches, loss and optimizer, built by the trainer's own setup functions
-    (engine/setup.py) into parts of its own: the trainer's are handed back by ``restore``."""
+    (engine/setup.py) into parts of its own: the trainer's are handed back by ``Session.restore``."""
+    t0 = time.time()
     saved = trainer.use_parts(TrainParts())  # the hooks read what is built so far from trainer.parts
     try:
-        return _prepare(trainer, saved)
+        s = _prepare(trainer, saved)
     except BaseException:
         trainer.use_parts(saved)
         raise
+    s.setup_s = time.time() - t0
+    return s
 
 
-def _prepare(trainer: Trainer, saved: TrainParts) -> Session:
+def _prepare(trainer, saved: TrainParts) -> Session:
     a, p = trainer.args, trainer.parts
     init_seeds(a.seed, deterministic=False)  # the same model and batch every time; global flags left alone
     resumed = getattr(trainer, "_resume_state", None) if trainer.resume_ckpt is not None else None
@@ -102,7 +78,7 @@ def _prepare(trainer: Trainer, saved: TrainParts) -> Session:
     finally:
         a.workers = workers
     loss = setup.build_loss(trainer, model)  # cls_pw weighs the classes by the train loader's labels
-    standard = Trainer.get_loss(trainer, model)
+    standard = setup.recipe_loss(trainer, model)  # the default get_loss, whatever a subclass returns
     if resumed is not None:
         distill.restore_state(loss.step_model, resumed, trainer.resume_ckpt)  # the run's projectors
     recipe = get_cfg(a, batch=bs)  # the batch the doctor runs: weight decay and optimizer=auto follow it
@@ -113,7 +89,3 @@ def _prepare(trainer: Trainer, saved: TrainParts) -> Session:
     return Session(trainer, model, loss.step_model, loss.step_loss, standard, batch, train_batch, opt, name,
                    int(trainer.data["nc"]), saved)
 
-
-def restore(s: Session) -> None:
-    """Hand the trainer its own parts back, so a later ``train()`` starts from its own setup."""
-    s.trainer.use_parts(s.saved)
