@@ -42,6 +42,8 @@ using Outputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::T
 // bound s^alpha by 1 and skip the candidate unread (tal_assign_phases.h, GtScan::prepare).
 template <typename T>
 struct ProbScores {
+  // Reading the score costs the same load as checking it: the top-k bound takes the score itself.
+  static constexpr bool kScoreFreeBound = false;
   const T* p;
   int64_t A, C;
   T operator()(int64_t b, int64_t a, int64_t c) const { return p[(b * A + a) * C + c]; }
@@ -58,6 +60,7 @@ struct ProbScores {
 template <typename T>
 struct MapLogits {
   static constexpr int kMaxLevels = 8;
+  static constexpr bool kScoreFreeBound = true;  // the check is a load, the score a sigmoid in double
   const T* cls[kMaxLevels];  // channel 4R of image 0
   int64_t sb[kMaxLevels], sc[kMaxLevels], a0[kMaxLevels + 1];
   int levels = 0;

@@ -196,7 +196,8 @@ struct GtScan {
     // on the raw value, a load; the sigmoid and pow are what cost) and alpha > 0. A NaN (or negative,
     // or infinite) score gives a NaN align even at overlap 0, which the reference's sort ranks above
     // every number: such a candidate takes the exact path.
-    if (bounded && (ub <= T(0) || n == k) && P.alpha > T(0) && pr.score->in_unit(b, a, lab)) {
+    if (bounded && (ub <= T(0) || (S::kScoreFreeBound && n == k)) && P.alpha > T(0) &&
+        pr.score->in_unit(b, a, lab)) {
       // ciou <= ub <= 0 -> overlap 0 -> align 0: never picked. Exact, so no tie can change.
       if (ub <= T(0)) return false;
       // s_pow <= 1: the bound below without the score (for logits a sigmoid, the largest share of a big
