@@ -85,6 +85,18 @@ def _side_grads(
 
 
 @triton.jit
+def _target_and_anchor(tb_ptr, anc_ptr, rows, a, ok, ld, CT: tl.constexpr):
+    """The target box (x1, y1, x2, y2) of each foreground row (0 elsewhere) and its anchor point (ax, ay)."""
+    tx1 = tl.load(tb_ptr + rows * 4 + 0, mask=ld, other=0.0).to(CT)
+    ty1 = tl.load(tb_ptr + rows * 4 + 1, mask=ld, other=0.0).to(CT)
+    tx2 = tl.load(tb_ptr + rows * 4 + 2, mask=ld, other=0.0).to(CT)
+    ty2 = tl.load(tb_ptr + rows * 4 + 3, mask=ld, other=0.0).to(CT)
+    ax = tl.load(anc_ptr + a * 2, mask=ok, other=0.0).to(CT)
+    ay = tl.load(anc_ptr + a * 2 + 1, mask=ok, other=0.0).to(CT)
+    return tx1, ty1, tx2, ty2, ax, ay
+
+
+@triton.jit
 def _bce_rows(ps_ptr, ts_ptr, gs_ptr, rows, ok, C, BLOCK_A: tl.constexpr, BLOCK_C: tl.constexpr,
               CT: tl.constexpr):
     """BCE over the classes of rows (summed per row), its gradient sigmoid(x) - t stored, and the anchor
@@ -189,14 +201,8 @@ def _bbox_loss_kernel(
 
     # ---- box: decoded prediction vs target, CIoU and its gradient w.r.t. the 4 expectations
     pd_row = pd_ptr + rows * (4 * R)
-    tb_row = tb_ptr + rows * 4
     ld = ok & fg
-    tx1 = tl.load(tb_row + 0, mask=ld, other=0.0).to(CT)
-    ty1 = tl.load(tb_row + 1, mask=ld, other=0.0).to(CT)
-    tx2 = tl.load(tb_row + 2, mask=ld, other=0.0).to(CT)
-    ty2 = tl.load(tb_row + 3, mask=ld, other=0.0).to(CT)
-    ax = tl.load(anc_ptr + a * 2, mask=ok, other=0.0).to(CT)
-    ay = tl.load(anc_ptr + a * 2 + 1, mask=ok, other=0.0).to(CT)
+    tx1, ty1, tx2, ty2, ax, ay = _target_and_anchor(tb_ptr, anc_ptr, rows, a, ok, ld, CT)
     _p, _lp, e_l = _side_softmax(pd_row, ld, 0, R, CT)
     _p, _lp, e_t = _side_softmax(pd_row, ld, 1, R, CT)
     _p, _lp, e_r = _side_softmax(pd_row, ld, 2, R, CT)
@@ -276,12 +282,7 @@ def _bbox_loss_l1_kernel(
     cls_acc, w = _bce_rows(ps_ptr, ts_ptr, gs_ptr, rows, ok, C, BLOCK_A, BLOCK_C, CT)
 
     ld = ok & fg
-    tx1 = tl.load(tb_ptr + rows * 4 + 0, mask=ld, other=0.0).to(CT)
-    ty1 = tl.load(tb_ptr + rows * 4 + 1, mask=ld, other=0.0).to(CT)
-    tx2 = tl.load(tb_ptr + rows * 4 + 2, mask=ld, other=0.0).to(CT)
-    ty2 = tl.load(tb_ptr + rows * 4 + 3, mask=ld, other=0.0).to(CT)
-    ax = tl.load(anc_ptr + a * 2, mask=ok, other=0.0).to(CT)
-    ay = tl.load(anc_ptr + a * 2 + 1, mask=ok, other=0.0).to(CT)
+    tx1, ty1, tx2, ty2, ax, ay = _target_and_anchor(tb_ptr, anc_ptr, rows, a, ok, ld, CT)
     s = tl.load(st_ptr + a, mask=ok, other=1.0).to(CT)
     e_l = tl.load(pd_ptr + rows * 4 + 0, mask=ld, other=0.0).to(CT)
     e_t = tl.load(pd_ptr + rows * 4 + 1, mask=ld, other=0.0).to(CT)
