@@ -75,6 +75,13 @@ def head_maps(preds) -> list:
     return [r.unflatten(2, hw) for r, hw in zip(rows.split([h * w for h, w in sizes], 2), sizes)]
 
 
+def fp32_preds(preds):
+    """The head's training output with its maps in float32 for the loss (under autocast they come out in
+    bf16/fp16): a list of maps, or an end-to-end head's dict of branches as it is (each branch's
+    ``DetectionLoss`` takes its maps in float32 itself)."""
+    return preds if isinstance(preds, dict) else [f.float() for f in preds]
+
+
 def loss_names(reg_max: int) -> tuple[str, str, str]:
     """The logged item names: ``box_loss, cls_loss`` and ``dfl_loss`` (reg_max > 1) or ``l1_loss``."""
     return ("box_loss", "cls_loss", "l1_loss" if int(reg_max) == 1 else "dfl_loss")

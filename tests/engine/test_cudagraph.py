@@ -137,7 +137,7 @@ def test_trainer_cuda_graph_on_cpu_warns_and_trains_eagerly(tmp_path):
     torch.use_deterministic_algorithms(False)
 
 
-def _trainer_graph_run_equals_eager_run(tmp_path, device, **kw):
+def _trainer_graph_run_equals_eager_run(tmp_path, device, model=TINY, **kw):
     """Two epochs of the real trainer, eager vs cuda_graph=True (same seed, same data): the per-epoch losses,
     the pre-clip gradient norms (mean and max, which the replayed steps hand out of the graph) and the final
     EMA (weights and BN statistics) agree, and the graph really replayed (captured at the first step after
@@ -148,7 +148,7 @@ def _trainer_graph_run_equals_eager_run(tmp_path, device, **kw):
     data = make_shapes(root=tmp_path, n_train=16, n_val=4, imgsz=128)
     out, norms = [], []
     for graph in (False, True):
-        t = Trainer(model=TINY, data=data, imgsz=128, batch=4, nbs=4, epochs=2, workers=0, verbose=False,
+        t = Trainer(model=model, data=data, imgsz=128, batch=4, nbs=4, epochs=2, workers=0, verbose=False,
                     plots=False, val=False, lr0=0.002, warmup_epochs=0.5, device=device, cuda_graph=graph,
                     project=tmp_path, name=f"g{int(graph)}", **kw)
         losses, grads = [], []

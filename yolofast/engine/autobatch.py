@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from yolofast.engine.recovery import is_out_of_memory
+from yolofast.loss import fp32_preds
 
 __all__ = ["MEMORY_COLUMNS", "memory_usage", "cpu_rss_gb", "autobatch", "resolve_batch", "max_gt_count",
            "autobatch_gt"]
@@ -109,7 +110,7 @@ def _train_step(model, loss_fn, imgsz: int, b: int, max_gt: int, device: torch.d
     img, gt = _synthetic_batch(b, imgsz, nc, max_gt, device)
     with torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
         feats = model(img)
-    loss, _ = loss_fn([f.float() for f in feats], gt)
+    loss, _ = loss_fn(fp32_preds(feats), gt)
     loss.backward()
 
 

@@ -31,6 +31,8 @@ import logging
 
 import torch
 
+from yolofast.loss import fp32_preds
+
 __all__ = ["CudaGraphStep", "GraphedTrainStep", "ShapeMismatch", "capture_train_step", "graph_blockers",
            "has_state", "optimizer_kwargs", "pad_gt"]
 
@@ -105,7 +107,7 @@ class CudaGraphStep:
         dtype = self.amp_dtype or torch.float32
         with torch.autocast(GRAPH_DEVICE, dtype=dtype, enabled=self.amp_dtype is not None):
             feats = self.model(self.static["img"])
-        loss, items = self.loss_fn([f.float() for f in feats], self.static)
+        loss, items = self.loss_fn(fp32_preds(feats), self.static)
         loss.backward()
         # The pre-clip norm comes out of the graph like the loss: the trainer's statistics of it
         # (gradnorm.py) then read the replayed steps' norms too.
@@ -221,7 +223,8 @@ class GraphedTrainStep:
         self.amp_dtype, self.m, self.batch_size = amp_dtype, int(gt_bucket), int(batch_size)
         self.step: CudaGraphStep | None = None
         self.off = None  # the reason graphs were turned off, once they are
-        self.replays = self.eager = 0
+        self.replays = self.eager = self.captures = 0
+        self.key = None  # the loss's Python-number constants the captured graph holds
 
     def disable(self, reason: str) -> None:
         """Run eagerly from here on; ``off`` keeps the first reason."""
@@ -237,6 +240,10 @@ class GraphedTrainStep:
         if b is None:
             self.eager += 1
             return None
+        if self.step is not None and _loss_constants(self.loss_fn) != self.key:
+            # The loss's weights changed (YOLO26's branch weights, once per epoch): the graph holds the
+            # old ones as constants, so it is captured again on this batch.
+            self.step = None
         if self.step is None:
             # Capture on a full batch (not an epoch's short last one) once the optimizer has its state.
             if b["img"].shape[0] != self.batch_size or not has_state(self.optimizer):
@@ -252,6 +259,7 @@ class GraphedTrainStep:
             if self.step is None:
                 self.disable("capture failed (reason above)")
                 return None
+            self.key, self.captures = _loss_constants(self.loss_fn), self.captures + 1
         try:
             out = self.step(b)
         except ShapeMismatch:
@@ -259,3 +267,9 @@ class GraphedTrainStep:
             return None
         self.replays += 1
         return out
+
+
+def _loss_constants(loss_fn):
+    """What a captured step bakes in from the loss as Python numbers and that may change during a run: an
+    end-to-end criterion's (w_o2m, w_o2o) (``E2EDetectionLoss.weights``); None for the others."""
+    return getattr(loss_fn, "weights", None)

@@ -72,16 +72,11 @@ from yolofast.engine.schedule import Schedule
 from yolofast.engine.state import RunState, RunViews, TrainParts
 from yolofast.engine.validate_args import recipe_overrides, training_data, validate_args
 from yolofast.io.paths import increment_path
+from yolofast.loss import fp32_preds
 
 # select_device, init_seeds, cpu_has_native_bf16: yolofast/engine/device.py (re-exported here)
 __all__ = ["Trainer", "RESULTS_COLUMNS", "cpu_has_native_bf16", "select_device", "increment_path",
            "init_seeds"]
-
-
-def _fp32(feats):
-    """The head's maps in float32 for the loss; an end2end head's dict of branches as it is (its criterion
-    takes each branch's maps in float32)."""
-    return feats if isinstance(feats, dict) else [f.float() for f in feats]
 
 
 class Trainer(RunViews):
@@ -370,7 +365,7 @@ class Trainer(RunViews):
         with self.autocast():
             feats = self.train_model(batch["img"])
         self.prof.mark("forward")
-        loss, items = self.train_loss(_fp32(feats), batch)  # loss in fp32
+        loss, items = self.train_loss(fp32_preds(feats), batch)  # loss in fp32
         if not self.nonfinite.check(loss, batch, epoch, i):  # skipped; restores or raises (recovery.py)
             self.optimizer.zero_grad(set_to_none=True)
             self.state.last_opt_step = ni

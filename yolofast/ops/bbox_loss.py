@@ -83,6 +83,8 @@ def bbox_loss_maps(
     if int(reg_max) == 1 and name not in REG_MAX1_MAPS_BACKENDS:
         name = "ref"
     extra = _l1_geometry(feats, strides) if int(reg_max) == 1 else {}
+    if extra and name == "cpp":  # the C++ kernel takes the geometry as numbers, read on the host
+        extra = {"l1_scale": _l1_scale(tuple(float(s) for s in strides), *extra["img_hw"])}
     impl = implementation("bbox_loss.maps", name, reg_max)
     return impl(feats, anchor_points, target_bboxes, target_scores, fg_mask, reg_max, target_labels, weights,
                 **extra)
@@ -98,3 +100,22 @@ def _l1_geometry(feats, strides) -> dict:
     stride_tensor = make_anchors(feats, strides, 0.5)[1]
     s0 = float(strides[0])
     return {"stride_tensor": stride_tensor, "img_hw": (feats[0].shape[2] * s0, feats[0].shape[3] * s0)}
+
+
+_L1_SCALES: dict[tuple, torch.Tensor] = {}
+
+
+def _l1_scale(strides: tuple[float, ...], h: float, w: float) -> torch.Tensor:
+    """(len(strides) + 2,) float64 on the CPU: each map's stride, then the image's (H, W): what the C++
+    kernel reads. Made from Python numbers and kept, so that a step needs no device-to-host copy and no new
+    tensor (a CUDA-graph capture allows neither); the kernel only reads it. Under torch.compile it is a
+    constant of the graph instead."""
+    key = (strides, h, w)
+    if torch.compiler.is_compiling() or key not in _L1_SCALES:
+        scale = torch.tensor([*strides, h, w], dtype=torch.float64)
+        if torch.compiler.is_compiling():
+            return scale
+        if len(_L1_SCALES) >= 256:  # image sizes of one run are a handful (rect batches: tens)
+            _L1_SCALES.clear()
+        _L1_SCALES[key] = scale
+    return _L1_SCALES[key]
