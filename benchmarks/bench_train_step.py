@@ -1,14 +1,17 @@
-"""The whole train step (forward, fp32 loss, backward, SGD step) of yolov8n: images/s per variant, one run.
+"""The whole train step (forward, fp32 loss, backward, SGD step) of yolov8n (or ``--model yolo11n`` /
+``yolo26n``, each with its family's criterion): images/s per variant, one run.
 
     python -m pytest benchmarks/bench_train_step.py --benchmark-columns=min,median,max,rounds
     python benchmarks/bench_train_step.py [VARIANT ...] [--rounds N] [--warmup N]   # images/s, no pytest
     python benchmarks/bench_train_step.py fp32 bf16_cl ultralytics --rounds 30      # yolofast vs Ultralytics
+    python benchmarks/bench_train_step.py fp32 fp32_ref ultralytics --model yolo26n  # + the reference ops
 
 CPU: 320 px batch 16, 2 threads. Variants: fp32 (NCHW, the baseline), bf16 autocast, channels_last (fp32 and
 bf16), torch.compile (inductor; its first call compiles for minutes on 2 cores, outside the timing — set
 YOLOFAST_BENCH_COMPILE=0 to skip it). Any variant with ``_dis`` appended (``bf16_cl_dis``, ...) is the same
 step with knowledge distillation from a yolov8s teacher (``distill_model=``: the teacher's forward, the
-projectors and the distillation loss; yolofast/engine/distill.py), to price a teacher.
+projectors and the distillation loss; yolofast/engine/distill.py), to price a teacher; ``_ref`` appended
+(``fp32_ref``) runs every fused op on its pure-PyTorch reference (``yolofast.ops.backend("ref")``).
 GPU (``--device cuda``): 640 px batch 64, bf16 channels_last, eager vs CUDA graph (graph_bf16_cl) vs
 compiled. Ultralytics' same step is measured beside them only when ``ultralytics`` is importable
 (never a dependency: install it in a separate venv; only imported and called, no code of it is copied);
@@ -23,6 +26,7 @@ median. YOLOFAST_BENCH_DEBUG=1 prints the Ultralytics batch and its loss beside 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import math
 import os
@@ -35,8 +39,9 @@ import torch
 from yolofast.engine.compile import train_step_modules
 from yolofast.engine.cudagraph import optimizer_kwargs
 from yolofast.engine.distill import DistillLoss, DistillStep
-from yolofast.loss import DetectionLoss
+from yolofast.loss import DetectionLoss, criterion_for, fp32_preds
 from yolofast.nn import build_model
+from yolofast.ops import backend
 
 CPU = dict(imgsz=320, batch=16, nc=80)
 GPU = dict(imgsz=640, batch=64, nc=80)
@@ -75,9 +80,9 @@ def flat_targets(gt: dict) -> dict:
     return {"batch_idx": bidx[mask].float(), "cls": gt["gt_cls"][mask], "bboxes": gt["gt_bboxes"][mask]}
 
 
-def _init_model(nc: int, device: torch.device):
+def _init_model(nc: int, device: torch.device, model: str = "yolov8n"):
     torch.manual_seed(0)
-    return build_model("yolov8n", nc=nc).to(device).train()
+    return build_model(model, nc=nc).to(device).train()
 
 
 def _backward_step(loss, opt, device: torch.device, scaler=None):
@@ -96,15 +101,22 @@ def _backward_step(loss, opt, device: torch.device, scaler=None):
     return loss.detach()
 
 
-def make_step(variant: str, imgsz: int, batch: int, nc: int, device: torch.device, n_gt: int = 8):
-    """A zero-argument train step returning the detached loss; ``variant``: one of ``_YOLOFAST_VARIANTS``."""
+def make_step(variant: str, imgsz: int, batch: int, nc: int, device: torch.device, n_gt: int = 8,
+              model: str = "yolov8n"):
+    """A zero-argument train step returning the detached loss; ``variant``: one of ``_YOLOFAST_VARIANTS``,
+    optionally with ``_ref`` then ``_dis`` appended."""
     dis = variant.endswith("_dis")
     base = variant.removesuffix("_dis")
+    ref = base.endswith("_ref")
+    base = base.removesuffix("_ref")
     if base not in _YOLOFAST_VARIANTS:
         raise ValueError(f"bench_train_step: unknown variant {variant!r}; use one of "
-                         f"{(*_YOLOFAST_VARIANTS, 'ultralytics')}, optionally with '_dis' appended")
-    model = _init_model(nc, device)
-    crit = DetectionLoss(nc)
+                         f"{(*_YOLOFAST_VARIANTS, 'ultralytics')}, optionally with '_ref', '_dis' appended")
+    model_name = model
+    model = _init_model(nc, device, model_name)
+    crit = criterion_for(model)
+    if dis and model_name != "yolov8n":
+        raise ValueError("bench_train_step: the '_dis' variants distill into yolov8n only")
     if dis:  # the student + projectors + frozen teacher, as the trainer runs them with distill_model=
         model, crit = DistillStep(model, build_model(TEACHER, nc=nc).to(device)), DistillLoss(crit)
     img, gt = make_batch(imgsz, batch, nc, device, n_gt=n_gt)
@@ -121,10 +133,11 @@ def make_step(variant: str, imgsz: int, batch: int, nc: int, device: torch.devic
     opt = torch.optim.SGD(params, lr=lr, momentum=0.9, nesterov=True, **kw)
 
     def step():
-        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-            feats = fwd(img)
-        loss, _ = loss_fn([f.float() for f in feats], gt)
-        return _backward_step(loss, opt, device)
+        with backend("ref") if ref else contextlib.nullcontext():
+            with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+                feats = fwd(img)
+            loss, _ = loss_fn(fp32_preds(feats), gt)
+            return _backward_step(loss, opt, device)
 
     if graph:
         step()  # capture needs the optimizer's momentum buffers to exist (cudagraph.has_state)
@@ -191,15 +204,16 @@ def _debug_losses(m, ubatch: dict, img: torch.Tensor, gt: dict, nc: int) -> None
           f"{[round(float(v), 4) for v in yitems]} (same weights, same batch)", flush=True)
 
 
-def ultralytics_step(imgsz: int, batch: int, device: torch.device, nc: int = 80, n_gt: int = 8):
+def ultralytics_step(imgsz: int, batch: int, device: torch.device, nc: int = 80, n_gt: int = 8,
+                     model: str = "yolov8n"):
     """Ultralytics' own model + loss for the same step, or pytest.skip when it is not installed.
 
     Same work as ``make_step("fp32", ...)`` on CPU (on CUDA in its default fp16 AMP, with its GradScaler):
-    yolov8n built from its yaml, the same initial weights (yolofast's
-    seeded init, loaded by name: the two state dicts have the same keys and shapes), the same images and GT,
-    ``model.loss`` (forward + v8DetectionLoss, box 7.5 cls 0.5 dfl 1.5, topk 10), backward of the summed loss
-    as its trainer does, SGD step, zero_grad. Its trainer's extras per step (grad-norm clip to 10, EMA
-    update, GradScaler no-ops) are left out, as yolofast's step leaves them out.
+    ``model`` (yolov8n) built from its yaml, the same initial weights (yolofast's seeded init, loaded by
+    name: the two state dicts have the same keys and shapes), the same images and GT, ``model.loss``
+    (forward + its criterion: v8DetectionLoss, or E2ELoss for YOLO26; box 7.5 cls 0.5 dfl 1.5), backward of
+    the summed loss as its trainer does, SGD step, zero_grad. Its trainer's extras per step (grad-norm clip
+    to 10, EMA update, GradScaler no-ops) are left out, as yolofast's step leaves them out.
     """
     # Its import resolves DNS names to decide ONLINE (ultralytics/utils/__init__.py is_online); offline:
     # building yolov8n from its bundled yaml downloads nothing.
@@ -208,9 +222,9 @@ def ultralytics_step(imgsz: int, batch: int, device: torch.device, nc: int = 80,
     from ultralytics.cfg import get_cfg
     from ultralytics.nn.tasks import DetectionModel as UDetectionModel
 
-    m = UDetectionModel("yolov8n.yaml", nc=nc, verbose=False).to(device).train()
+    m = UDetectionModel(f"{model}.yaml", nc=nc, verbose=False).to(device).train()
     try:
-        m.load_state_dict(_init_model(nc, device).state_dict())
+        m.load_state_dict(_init_model(nc, device, model).state_dict())
     except RuntimeError as e:  # a renamed layer on either side: keep its own init, the timing barely changes
         first = str(e).splitlines()[0]
         print(f"bench_train_step: Ultralytics keeps its own init weights ({first})", flush=True)
@@ -270,7 +284,8 @@ def _default_variants() -> list[str]:
 
 
 def main(variants=None, rounds: int = 5, warmup: int = 2, device: str = "cpu", n_gt: int = 8,
-         imgsz: int | None = None, batch: int | None = None, threads: int = THREADS) -> dict:
+         imgsz: int | None = None, batch: int | None = None, threads: int = THREADS,
+         model: str = "yolov8n") -> dict:
     """images/s of each variant (median over ``rounds`` round-robin rounds after ``warmup`` ones),
     printed with the ratio to "ultralytics" when it ran (else to the first variant), and returned.
     ``device="cuda"``: the GPU shapes (640 px, batch 64)."""
@@ -284,9 +299,10 @@ def main(variants=None, rounds: int = 5, warmup: int = 2, device: str = "cpu", n
             if not ultralytics_available():
                 print("ultralytics: not importable, skipped (pip install ultralytics in a separate venv)")
                 continue
-            steps[v] = ultralytics_step(shape["imgsz"], shape["batch"], device, nc=shape["nc"], n_gt=n_gt)
+            steps[v] = ultralytics_step(shape["imgsz"], shape["batch"], device, nc=shape["nc"], n_gt=n_gt,
+                                        model=model)
         else:
-            steps[v] = make_step(v, device=device, n_gt=n_gt, **shape)
+            steps[v] = make_step(v, device=device, n_gt=n_gt, model=model, **shape)
     torch.set_num_threads(threads)  # importing ultralytics sets OMP_NUM_THREADS=1 when unset; keep 2 for all
     names = list(steps)
     times: dict[str, list[float]] = {v: [] for v in names}
@@ -303,7 +319,7 @@ def main(variants=None, rounds: int = 5, warmup: int = 2, device: str = "cpu", n
         raise RuntimeError(f"bench_train_step: non-finite loss after {warmup + rounds} steps: {bad}")
     out = {v: shape["batch"] / statistics.median(t) for v, t in times.items()}
     base = "ultralytics" if "ultralytics" in out else (names[0] if names else None)
-    print(f"train step yolov8n {shape['imgsz']} px b{shape['batch']} {n_gt} GT/img {device.type}, "
+    print(f"train step {model} {shape['imgsz']} px b{shape['batch']} {n_gt} GT/img {device.type}, "
           f"{torch.get_num_threads()} threads, median of {rounds} round-robin rounds after {warmup} warm-up, "
           f"torch {torch.__version__}", flush=True)
     for v in names:
@@ -324,6 +340,8 @@ if __name__ == "__main__":
     p.add_argument("--imgsz", type=int, help="image size (default: 320 CPU, 640 CUDA)")
     p.add_argument("--batch", type=int, help="batch size (default: 16 CPU, 64 CUDA)")
     p.add_argument("--threads", type=int, default=THREADS, help=f"torch threads (default {THREADS})")
+    p.add_argument("--model", default="yolov8n",
+                   help="yolov8n (default), yolo11n, yolo26n, ...: the model of both engines")
     a = p.parse_args()
     main(a.variants or None, rounds=a.rounds, warmup=a.warmup, device=a.device, n_gt=a.gt, imgsz=a.imgsz,
-         batch=a.batch, threads=a.threads)
+         batch=a.batch, threads=a.threads, model=a.model)
