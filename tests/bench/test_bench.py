@@ -70,7 +70,7 @@ def test_default_preset_sets_per_device():
     cpu = presets_for("all", "cpu")
     assert cpu and all(p.device == "cpu" and not p.name.startswith("tiny") for p in cpu)
     assert {p.kind for p in presets_for("ops", "cpu")} == {"loss", "assign", "ema", "musgd", "loss26"}
-    assert [p.kind for p in presets_for("step", "cpu")] == ["step"]
+    assert [p.model for p in presets_for("step", "cpu")] == ["yolov8n", "yolo11n", "yolo26n"]
     gpu = presets_for("ops", "cuda")
     assert gpu and all(p.device == "cuda" for p in gpu)
     shapes = {(p.batch, p.n_gt) for p in gpu if p.kind == "loss"}
@@ -200,8 +200,9 @@ def test_paired_ratios_from_fabricated_times():
     assert fused.ratio_vs_ref == pytest.approx(0.1) and fused.mem_saving == pytest.approx(25.0)
 
 
-def test_step_case_reports_images_per_second():
-    case = build_cases("tiny-step")[0]
+@pytest.mark.parametrize("preset", ["tiny-step", "tiny-step26"])
+def test_step_case_reports_images_per_second(preset):
+    case = build_cases(preset)[0]
     assert [v.name for v in case.variants] == ["ref", "auto"] and "tal_assign=" in case.variants[1].reason
     rows = time_case(case, rounds=1, min_round_s=0.0)
     assert all(r.status == "ok" and r.images_per_s > 0 for r in rows), [r.note for r in rows]

@@ -251,18 +251,19 @@ def _ema_case(p: Preset, device: str, seed: int, backends) -> Case:
 
 
 def _step_case(p: Preset, device: str, seed: int) -> Case:
-    """yolov8 train step: forward, DetectionLoss, backward, clip 10, SGD step, zero_grad, EMA update."""
+    """A model's train step: forward, its family's criterion (``criterion_for``: the v8 loss, or YOLO26's
+    end-to-end loss), backward, clip 10, SGD step, zero_grad, EMA update."""
     from yolofast.engine.ema import ModelEMA
     from yolofast.engine.optim import build_optimizer
     from yolofast.engine.profiler import NullProfiler, StepProfiler
-    from yolofast.loss import DetectionLoss
+    from yolofast.loss import criterion_for
     from yolofast.nn import build_model
     from yolofast.ops._backend import describe
 
     si = bench_inputs.step_inputs(p, seed, device)
     torch.manual_seed(seed)
     base = build_model(p.model, nc=p.nc).to(device).train()
-    crit = DetectionLoss(p.nc)
+    crit = criterion_for(base)
     # The trainer's choice: bf16 autocast on CUDA, fp32 on CPU (CPU autocast is slower there).
     amp = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.startswith("cuda") else (
         contextlib.nullcontext)

@@ -84,6 +84,10 @@ _ALL = [
            note="goal: <= 1.0x torch._foreach_lerp_, <= 1.2x one flat copy"),
     Preset("step-yolov8n-320-b16", "step", 16, 320, 80, 8, model="yolov8n",
            note="DESIGN §7: images/s, backend ref vs auto"),
+    Preset("step-yolo11n-320-b16", "step", 16, 320, 80, 8, model="yolo11n",
+           note="images/s, backend ref vs auto (the v8 criterion)"),
+    Preset("step-yolo26n-320-b16", "step", 16, 320, 80, 8, model="yolo26n",
+           note="images/s, backend ref vs auto (the end-to-end criterion, both heads)"),
     Preset("musgd-yolo26n", "musgd", model="yolo26n", gate=True,
            note="goals: >= 2x Ultralytics' MuSGD (native bf16 CPU), <= 1.3x its matmuls alone"),
     Preset("musgd-yolo26s", "musgd", model="yolo26s",
@@ -102,6 +106,7 @@ _ALL = [
     Preset("tiny-loss26", "loss26", 2, 128, 4, 6, note="tests/smoke only"),
     Preset("tiny-ema", "ema", model="tiny", note="tests/smoke only: a 3-tensor state"),
     Preset("tiny-step", "step", 2, 64, 4, 3, model="yolov8n", note="tests/smoke only"),
+    Preset("tiny-step26", "step", 2, 64, 4, 3, model="yolo26n", note="tests/smoke only"),
     # --- CUDA: B=16/64, 640 px, 80 classes, 50 and 1000 GT/img (DESIGN §7) --------------------------------
     Preset("gpu-loss-b16-640-50gt", "loss", 16, 640, 80, 50, device="cuda"),
     Preset("gpu-loss-b64-640-50gt", "loss", 64, 640, 80, 50, device="cuda",
