@@ -2,8 +2,9 @@
 (see _backend.py).
 
 ``bbox_loss`` takes (B, A, .) tensors; ``bbox_loss_maps`` takes the Detect head's per-level maps as they
-are: the C++ kernel reads them in place and returns gradients in their layout, the other backends get the
-(B, A, .) tensors built by one cat per map (``maps_to_rows``, in _composed.py).
+are: the C++ kernel reads them in place and returns gradients in their layout, and so do the CUDA and
+Triton kernels for reg_max 1 (YOLO26); the other cases get the (B, A, .) tensors built by one cat per map
+(``maps_to_rows``, in _composed.py).
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ __all__ = ["bbox_loss", "bbox_loss_maps", "dense_target_scores", "maps_to_rows"]
 # (below), so a (B, A, .) reg_max 1 call there runs the reference: a rule of this op, tested, not a
 # fallback (``reg_max_backend``). A kernel that implements it adds its backend's name here.
 REG_MAX1_BACKENDS = frozenset({"ref", "cuda", "triton"})
-# The same for the maps form (bbox_loss_maps, what the loss calls): every backend. The C++ kernel reads
-# reg_max 1 maps in place (no cat); CUDA and Triton get the (B, A, .) tensors of one cat per map, as for DFL.
+# The same for the maps form (bbox_loss_maps, what the loss calls): every backend, each reading reg_max 1 maps
+# in place (no cat; the gradients written in the maps' layout): C++ and CUDA yolofast::bbox_loss_maps, Triton
+# bbox_loss_maps_triton (kernels/_bbox_loss_maps.py). DFL maps: C++ in place, CUDA/Triton one cat per map.
 REG_MAX1_MAPS_BACKENDS = frozenset({"ref", "cpp", "cuda", "triton"})
 
 
@@ -74,7 +76,8 @@ def bbox_loss_maps(
     final map gradients in the forward pass, and its backward has nothing left to write. Values are the same.
 
     Returns (3,) [L_box, L_cls, L_dfl], differentiable w.r.t. every map. The C++ backend reads the maps in
-    place (no cat, no transpose, the gradients written in the maps' layout); the others cat first.
+    place (no cat, no transpose, the gradients written in the maps' layout), CUDA and Triton too for reg_max
+    1; otherwise they cat first.
     reg_max 1: [L_box, L_cls, L_l1] (``reference.bbox_loss_ref``); strides (one per map, pixels) are then
     required, the image size is that of the first map times its stride; it runs on the selected backend
     if that is in ``REG_MAX1_MAPS_BACKENDS``, else on the reference.
@@ -89,7 +92,9 @@ def bbox_loss_maps(
 
 
 def _l1_geometry(feats, strides) -> dict:
-    """stride_tensor (A, 1) and img_hw (H, W) of the batch image for the reg_max 1 L1 term, from the maps."""
+    """The reg_max 1 L1 term's geometry from the maps: stride_tensor (A, 1) and img_hw (H, W) of the batch
+    image for the (B, A, .) forms, and l1_scale (each map's stride, H, W; Python floats, so a CUDA kernel
+    reads them without a device-to-host copy) for the kernels that read the maps in place."""
     if strides is None or len(strides) != len(feats):
         raise ValueError(f"bbox_loss_maps: reg_max 1 needs strides, one per map ({len(feats)} maps), "
                          f"to normalise the L1 distances; got {strides!r}")
@@ -97,4 +102,5 @@ def _l1_geometry(feats, strides) -> dict:
 
     stride_tensor = make_anchors(feats, strides, 0.5)[1]
     s0 = float(strides[0])
-    return {"stride_tensor": stride_tensor, "img_hw": (feats[0].shape[2] * s0, feats[0].shape[3] * s0)}
+    img_hw = (feats[0].shape[2] * s0, feats[0].shape[3] * s0)
+    return {"stride_tensor": stride_tensor, "img_hw": img_hw, "l1_scale": (*map(float, strides), *img_hw)}
