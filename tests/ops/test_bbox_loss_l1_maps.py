@@ -333,6 +333,33 @@ class TestTriton(Backend):
         with pytest.raises(ValueError, match="reg_max 1"):
             _bbox_loss_maps.bbox_loss_maps(fs, anc, tb, ts, fg, 16, l1_scale=sc["l1_scale"])
 
+    def test_yolo26_criterion_equals_the_reference_path(self, monkeypatch):
+        """The trainer's call (E2EDetectionLoss: per-anchor targets, weights) on the Triton backend."""
+        from yolofast.loss import E2EDetectionLoss
+
+        fgs = []
+        real = _bbox_loss_maps.bbox_loss_maps
+        spy = lambda *a, **k: fgs.append(int(a[4].sum())) or real(*a, **k)  # noqa: E731
+        monkeypatch.setattr(_bbox_loss_maps, "bbox_loss_maps", spy)
+
+        batch = {"batch_idx": torch.tensor([0.0, 0.0, 1.0]), "cls": torch.tensor([[0.0], [2.0], [1.0]]),
+                 "bboxes": torch.tensor([[0.3, 0.4, 0.4, 0.5], [0.7, 0.7, 0.2, 0.3], [0.5, 0.5, 0.06, 0.05]])}
+        out = []
+        for be in ("triton", "ref"):
+            g = torch.Generator().manual_seed(9)
+            preds = {br: [(torch.rand(2, 7, h, w, generator=g) * 3).to(TRITON_DEV).requires_grad_()
+                          for h, w in ((8, 12), (4, 6), (2, 3))] for br in ("one2many", "one2one")}
+            with backend(be):
+                total, items = E2EDetectionLoss(3, epochs=4)(preds, batch)
+            total.backward()
+            grads = [f.grad.cpu() for br in preds.values() for f in br]
+            out.append((total.detach().cpu(), items.cpu(), grads))
+        assert len(fgs) == 2 and min(fgs) > 0  # both branches, each with foreground anchors
+        torch.testing.assert_close(out[0][0], out[1][0], rtol=1e-5, atol=0)
+        torch.testing.assert_close(out[0][1], out[1][1], rtol=1e-5, atol=0)
+        for a, b in zip(out[0][2], out[1][2]):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * float(b.abs().max()))
+
     def test_opcheck(self):
         # fake-tensor and AOT checks trace compiled Triton kernels only (a GPU), as test_bbox_loss.py's
         utils = ("test_schema", "test_autograd_registration") + (
