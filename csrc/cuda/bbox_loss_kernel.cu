@@ -386,12 +386,22 @@ __global__ void __launch_bounds__(kThreads) maps_l1_kernel(const MapsParams<T> p
   T acc_box = T(0), acc_cls = T(0), acc_l1 = T(0), acc_t = T(0);
   if (n < p.N) {
     const int64_t b = n / p.A, a = n - b * p.A;
-    int l = 0;
-    while (l + 1 < p.L && a >= p.a0[l + 1]) ++l;
-    const int64_t hw = p.a0[l + 1] - p.a0[l], px = a - p.a0[l];
-    const T* m = p.map[l] + b * p.sb[l] + px;  // channel k at m[k * sc]
-    const int64_t sc = p.sc[l], C = p.C;
-    T* g = p.gcls[l] + b * C * hw + px;  // class c at g[c * hw]
+    // The anchor's level, its fields picked with constant indices (unrolled): a dynamic index into the
+    // parameter arrays would make every thread copy them to local memory first.
+    const T* mp = p.map[0];
+    T* gp = p.gcls[0];
+    int64_t sb = p.sb[0], sc = p.sc[0], a0 = 0, a1 = p.a0[1];
+    T s = p.stride[0];
+#pragma unroll
+    for (int k = 1; k < kMapsMaxLevels; ++k) {
+      if (k < p.L && a >= p.a0[k]) {
+        mp = p.map[k], gp = p.gcls[k], sb = p.sb[k], sc = p.sc[k], a0 = p.a0[k], a1 = p.a0[k + 1];
+        s = p.stride[k];
+      }
+    }
+    const int64_t hw = a1 - a0, px = a - a0, C = p.C;
+    const T* m = mp + b * sb + px;  // channel k at m[k * sc]
+    T* g = gp + b * C * hw + px;    // class c at g[c * hw]
     int64_t lab = -1;
     T score = T(0);
     if (p.lab != nullptr) lab = i64clamp(p.lab[n], 0, C - 1), score = p.ts[n];
@@ -411,7 +421,7 @@ __global__ void __launch_bounds__(kThreads) maps_l1_kernel(const MapsParams<T> p
       for (int k = 0; k < 8; ++k) r[k] = T(0);
     } else {
       const T* tb = p.tb + 4 * n;
-      const T ax = p.anc[2 * a], ay = p.anc[2 * a + 1], s = p.stride[l];
+      const T ax = p.anc[2 * a], ay = p.anc[2 * a + 1];
       const T E[4] = {m[0], m[sc], m[2 * sc], m[3 * sc]};
       T gE[4];
       ciou_grad(ax - E[0], ay - E[1], ax + E[2], ay + E[3], tb[0], tb[1], tb[2], tb[3], w, acc_box, gE);
@@ -498,7 +508,7 @@ cudaError_t maps_launch_impl(const BboxMapsShape& s, const BboxMapsArgs& a, cuda
   const int64_t n_part = ceil_div(N, kThreads);
   double* part = static_cast<double*>(a.workspace);
   if (n_part > 0) {
-    MapsParams<T> p;
+    MapsParams<T> p{};
     p.L = s.L;
     p.a0[0] = 0;
     for (int l = 0; l < s.L; ++l) {
