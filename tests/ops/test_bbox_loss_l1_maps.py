@@ -276,6 +276,25 @@ def test_gpu_public_maps_route_to_the_cuda_maps_kernel_and_capture():
     assert torch.equal(out[0], eager[0]) and all(torch.equal(a, b) for a, b in zip(out[1], eager[1]))
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", ["cuda", "triton"])
+def test_gpu_torch_compile_fullgraph_matches_eager(name):
+    """The traced forms (static rows on CUDA, the Triton op's fake) give the eager values."""
+    sc = CASES["odd_sizes"]
+
+    def fn(fs, anc, tb, ts, fg, lab, _):
+        return bbox_loss_maps(fs, anc, tb, ts, fg, 1, target_labels=lab, strides=STRIDES)
+
+    torch._dynamo.reset()
+    with backend(name):  # outside the traced code, as tests/ops/test_compile.py does
+        eager = run(fn, sc, "cuda", per_anchor=True)
+        got = run(torch.compile(fn, fullgraph=True), sc, "cuda", per_anchor=True)
+    torch.testing.assert_close(got[0], eager[0], rtol=1e-6, atol=0)
+    for a, b in zip(got[1], eager[1]):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-9)
+
+
 def _public(name, fs, anc, tb, ts, fg, lab):
     with backend(name):
         return bbox_loss_maps(fs, anc, tb, ts, fg, 1, target_labels=lab, strides=STRIDES[: len(fs)])
