@@ -8,7 +8,8 @@ Writes one markdown table (default: $OUT/gpu_table.md, else benchmarks/results/g
 Per op and backend: the median of CUDA-event timings (wall clock on the CPU), the peak memory the call adds
 (torch.cuda.max_memory_allocated), the speed-up over the reference, and whether the result agrees with the
 reference's (integer outputs of the assigner exactly, losses to 1e-5). bbox_loss is timed forward +
-backward, with DFL (reg_max 16) and, at the largest batch, YOLO26's L1 form (reg_max 1, raw distances);
+backward, with DFL (reg_max 16) and, at the largest batch, YOLO26's L1 form (reg_max 1, raw distances) on
+(B, A, .) tensors and on the head's maps (bbox_loss_maps, what the trainer calls);
 ema_update over a yolov8s-sized flat fp32 state (11.2 M values), with torch._foreach_lerp_ over the
 per-tensor state as an extra baseline. A backend that is not available, runs out of memory or fails
 gets a row that says so; nothing here aborts the table.
@@ -286,8 +287,51 @@ def _run_loss(rows, dt, label, op, l_args, device, **extra):
         _free(dt)
 
 
-def run_scene(rows, device, B, imgsz, nc, n_gt, seed=0, l1=True):
-    """The scene's rows: tal_assign (and its topk2 form), bbox_loss; l1: also YOLO26's reg_max 1 loss."""
+def _run_loss_maps(rows, dt, label, l_args, imgsz, device):
+    """YOLO26's loss as the trainer calls it: bbox_loss_maps of reg_max 1 maps (B, 4 + nc, h, w), forward +
+    backward, per backend (the CUDA and Triton kernels read the maps in place; the reference cats them)."""
+    from yolofast.ops import backend, bbox_loss_maps
+
+    raw, scores, anc, tb, ts, fg = l_args
+    rows_all = torch.cat((raw, scores), -1).transpose(1, 2)  # (B, 4 + nc, A): built once, outside the timing
+    feats, a0 = [], 0
+    for s in STRIDES:
+        h = w = imgsz // s
+        f = rows_all[:, :, a0:a0 + h * w].reshape(raw.shape[0], -1, h, w)
+        feats.append(f.contiguous().requires_grad_())
+        a0 += h * w
+    del rows_all
+    upstream = torch.tensor([7.5, 0.5, 1.5], device=device)
+    ref_loss, ref_ms = None, None
+    for name, fn, note in implementations("bbox_loss", dt):
+        if fn is None:
+            rows.append(("bbox_loss_maps L1 fwd+bwd", label, name, f"n/a: {note}", None, None, "-"))
+            continue
+
+        def step(name=name):
+            for f in feats:
+                f.grad = None
+            with backend(name):
+                loss = bbox_loss_maps(feats, anc, tb, ts, fg, 1, strides=STRIDES)
+            (loss * upstream).sum().backward()
+            return loss
+
+        try:
+            loss = step().detach()
+            ref_loss = loss if name == "ref" else ref_loss
+            agree = "reference" if name == "ref" else _agree_loss(loss, ref_loss)
+            ms, peak, reps = measure(step, dt)
+            ref_ms = ms if name == "ref" else ref_ms
+            rows.append(("bbox_loss_maps L1 fwd+bwd", label, name, f"{reps} reps", ms, peak, agree, ref_ms))
+        except Exception as e:  # noqa: BLE001
+            msg = "OOM" if _is_oom(e) else f"failed: {type(e).__name__}: {str(e)[:120]}"
+            rows.append(("bbox_loss_maps L1 fwd+bwd", label, name, msg, None, None, "-"))
+        _free(dt)
+
+
+def run_scene(rows, device, B, imgsz, nc, n_gt, seed=0, l1=True, l1_maps=True):
+    """The scene's rows: tal_assign (and its topk2 form), bbox_loss; l1: also YOLO26's reg_max 1 loss, and
+    l1_maps its maps form."""
     dt = torch.device(device).type
     label = f"B={B}, {n_gt} GT"
     try:
@@ -328,8 +372,11 @@ def run_scene(rows, device, B, imgsz, nc, n_gt, seed=0, l1=True):
     del assigned, ref_out
     _run_loss(rows, dt, label, "bbox_loss fwd+bwd", l_args, device)
     if l1:
-        _run_loss(rows, dt, label, "bbox_loss L1 fwd+bwd", l1_args(sc, l_args), device,
+        l1a = l1_args(sc, l_args)
+        _run_loss(rows, dt, label, "bbox_loss L1 fwd+bwd", l1a, device,
                   stride_tensor=sc["stride"], img_hw=(float(imgsz), float(imgsz)))
+        if l1_maps:
+            _run_loss_maps(rows, dt, label, l1a, imgsz, device)
 
 
 def _ema_shapes(model: str) -> list[tuple[int, ...]]:
@@ -469,8 +516,10 @@ def main(argv=None) -> int:
     for B in batches:
         for n_gt in n_gts:
             with contextlib.suppress(KeyboardInterrupt):
-                # YOLO26's reg_max 1 loss at the largest batch only: the step's time limit (gpu_check.sh)
-                run_scene(rows, device, B, cfg["imgsz"], cfg["nc"], n_gt, l1=max(batches) == B)
+                # YOLO26's reg_max 1 loss at the largest batch only, its maps form at the first GT count
+                # only (the loss hardly depends on it): the step's time limit (gpu_check.sh)
+                run_scene(rows, device, B, cfg["imgsz"], cfg["nc"], n_gt, l1=max(batches) == B,
+                          l1_maps=n_gt == n_gts[0])
             print(f"gpu_bench: B={B}, {n_gt} GT done at {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     run_ema(rows, device, cfg["ema"])
     text = render(rows, header_text(device, args.dry_run))

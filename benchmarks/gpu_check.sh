@@ -8,7 +8,8 @@
 #      of yolo26n timed per backend (ref, cuda, triton, Ultralytics' when carried, the matmuls alone),
 #   4. runs the engine's CUDA tests: CUDA-graph step == eager (class and whole trainer), AutoBatch,
 #   5. times each op -- CUDA vs Triton vs reference, B=16/64, 640 px, 80 classes, 50/1000 GT/img; the
-#      reg_max 1 (L1) bbox_loss at B=64 -- and prints one table, also written to $OUT/gpu_table.md
+#      reg_max 1 (L1) bbox_loss at B=64, on (B, A, .) tensors and (50 GT) on the head's maps read in place
+#      (bbox_loss_maps) -- and prints one table, also written to $OUT/gpu_table.md
 #      (benchmarks/results/ when $OUT is unset),
 #   5b. times YOLO26's loss step (both heads, reg_max 1) on ref/CUDA/Triton (`yolofast bench`, 640 px B=16),
 #   6. times the whole yolov8n train step at 640 px batch 64: eager bf16 vs its CUDA graph (images/s), and

@@ -203,7 +203,8 @@ class DetectionLoss:
         # takes the sigmoid of a candidate's class logit only) and the fused loss read them in place, and
         # the loss's gradients come back in the maps' layout (in the b8/640/50-GT step the cat into
         # (B, A, .) and back in backward was 27 ms of 110; the sigmoid of all B*A*C scores for the
-        # assigner ~7 ms of the b16/320 step on AVX2). Other backends cat inside the wrappers.
+        # assigner ~7 ms of the b16/320 step on AVX2). The CUDA and Triton losses read reg_max 1 maps in place
+        # too; other forms cat inside the wrappers.
         anchor_points, stride_tensor, anc_px, scale, gains = self._anchors(feats)
         gt_cls, gt_bboxes, gt_mask = self._targets(batch, bsz, feats[0].device)
         gt_xyxy = xywh2xyxy(gt_bboxes * scale)

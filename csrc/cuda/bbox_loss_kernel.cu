@@ -81,6 +81,69 @@ struct LossParams {
   T l1_w, l1_h;
 };
 
+// CIoU(pred = box 1 (x1, y1, x2, y2), target = box 2 (X1, Y1, X2, Y2)) weighted by w: adds (1 - CIoU)*w to
+// lbox and writes gE, the gradient of that term w.r.t. the distances (l, t, r, b) = (ax - x1, ay - y1,
+// x2 - ax, y2 - ay). Scalar work, the same in every lane that calls it.
+template <typename T>
+__device__ __forceinline__ void ciou_grad(T x1, T y1, T x2, T y2, T X1, T Y1, T X2, T Y2, T w, T& lbox, T gE[4]) {
+  using F = Math<T>;
+  const T eps = T(kCiouEps), K = T(kFourOverPi2);
+  const T w1 = x2 - x1, h1 = y2 - y1 + eps;
+  const T w2 = X2 - X1, h2 = Y2 - Y1 + eps;
+  const T ihx = nan_min(x2, X2), ilx = nan_max(x1, X1);
+  const T ihy = nan_min(y2, Y2), ily = nan_max(y1, Y1);
+  const T iw_raw = ihx - ilx, ih_raw = ihy - ily;
+  const T iw = iw_raw > T(0) ? iw_raw : T(0);
+  const T ih = ih_raw > T(0) ? ih_raw : T(0);
+  const T inter = iw * ih;
+  const T uni = w1 * h1 + w2 * h2 - inter + eps;
+  const T iou = inter / uni;
+  const T cw = nan_max(x2, X2) - nan_min(x1, X1);
+  const T ch = nan_max(y2, Y2) - nan_min(y1, Y1);
+  const T c2 = cw * cw + ch * ch + eps;
+  const T dx = (X1 + X2) - (x1 + x2), dy = (Y1 + Y2) - (y1 + y2);
+  const T rho2 = (dx * dx + dy * dy) / T(4);
+  const T q1 = w1 / h1;
+  const T da = F::atan(w2 / h2) - F::atan(q1);
+  const T v = K * da * da;
+  const T alpha = v / (v - iou + (T(1) + eps));  // a constant in the gradient
+  const T ciou = iou - (rho2 / c2 + v * alpha);
+  lbox += (T(1) - ciou) * w;
+
+  // ---- CIoU backward: g = d[(1 - ciou) * w] / d ciou. Subgradients as autograd's: clamp(min=0) passes
+  // the gradient at exactly 0, minimum/maximum split it evenly on a tie.
+  const T g = -w;
+  const T g_inter_iou = g / uni;
+  const T g_union = -g * iou / uni;
+  const T g_inter = g_inter_iou - g_union;
+  T g_w1 = g_union * h1, g_h1 = g_union * w1;
+  const T g_iwr = iw_raw >= T(0) ? g_inter * ih : T(0);
+  const T g_ihr = ih_raw >= T(0) ? g_inter * iw : T(0);
+  T g_x1 = -g_iwr * d_max(x1, X1), g_x2 = g_iwr * d_min(x2, X2);
+  T g_y1 = -g_ihr * d_max(y1, Y1), g_y2 = g_ihr * d_min(y2, Y2);
+  const T g_c2 = g * rho2 / (c2 * c2);
+  const T g_cw = g_c2 * T(2) * cw, g_ch = g_c2 * T(2) * ch;
+  g_x2 += g_cw * d_max(x2, X2);
+  g_x1 -= g_cw * d_min(x1, X1);
+  g_y2 += g_ch * d_max(y2, Y2);
+  g_y1 -= g_ch * d_min(y1, Y1);
+  const T g_rho2 = -g / c2;
+  const T g_dx = g_rho2 * dx / T(2), g_dy = g_rho2 * dy / T(2);
+  g_x1 -= g_dx;
+  g_x2 -= g_dx;
+  g_y1 -= g_dy;
+  g_y2 -= g_dy;
+  const T g_v = -g * alpha;
+  const T g_q1 = -(g_v * K * T(2) * da) / (T(1) + q1 * q1);  // d atan(q)/dq = 1/(1+q^2)
+  g_w1 += g_q1 / h1;
+  g_h1 -= g_q1 * w1 / (h1 * h1);
+  g_x2 += g_w1;
+  g_x1 -= g_w1;
+  g_y2 += g_h1;
+  g_y1 -= g_h1;
+  gE[0] = -g_x1, gE[1] = -g_y1, gE[2] = g_x2, gE[3] = g_y2;
+}
+
 // reg_max 1: the L1 term of one foreground row and its gradient, the CIoU gradient gE written as the raw
 // distances' own. t = (ax - x1, ay - y1, x2 - ax, y2 - ay) unclamped (targets of enlarged small GTs can be
 // negative), d = p*s/D - t*s/D per side (D = W for l, r and H for t, b), l1 = mean |d| in the reference's
@@ -151,64 +214,10 @@ __device__ __forceinline__ void box_dfl_row(const LossParams<T>& p, int64_t n, T
   const T ax = p.anc[2 * a], ay = p.anc[2 * a + 1];
   const T* tb = p.tb + 4 * n;
 
-  // ---- CIoU(pred = box 1, target = box 2), forward in the reference's order
-  const T eps = T(kCiouEps), K = T(kFourOverPi2);
-  const T x1 = ax - E[0], y1 = ay - E[1], x2 = ax + E[2], y2 = ay + E[3];
+  // ---- CIoU(pred = box 1, target = box 2), forward in the reference's order, and its gradient
   const T X1 = tb[0], Y1 = tb[1], X2 = tb[2], Y2 = tb[3];
-  const T w1 = x2 - x1, h1 = y2 - y1 + eps;
-  const T w2 = X2 - X1, h2 = Y2 - Y1 + eps;
-  const T ihx = nan_min(x2, X2), ilx = nan_max(x1, X1);
-  const T ihy = nan_min(y2, Y2), ily = nan_max(y1, Y1);
-  const T iw_raw = ihx - ilx, ih_raw = ihy - ily;
-  const T iw = iw_raw > T(0) ? iw_raw : T(0);
-  const T ih = ih_raw > T(0) ? ih_raw : T(0);
-  const T inter = iw * ih;
-  const T uni = w1 * h1 + w2 * h2 - inter + eps;
-  const T iou = inter / uni;
-  const T cw = nan_max(x2, X2) - nan_min(x1, X1);
-  const T ch = nan_max(y2, Y2) - nan_min(y1, Y1);
-  const T c2 = cw * cw + ch * ch + eps;
-  const T dx = (X1 + X2) - (x1 + x2), dy = (Y1 + Y2) - (y1 + y2);
-  const T rho2 = (dx * dx + dy * dy) / T(4);
-  const T q1 = w1 / h1;
-  const T da = F::atan(w2 / h2) - F::atan(q1);
-  const T v = K * da * da;
-  const T alpha = v / (v - iou + (T(1) + eps));  // a constant in the gradient
-  const T ciou = iou - (rho2 / c2 + v * alpha);
-  lbox += (T(1) - ciou) * w;
-
-  // ---- CIoU backward: g = d[(1 - ciou) * w] / d ciou. Subgradients as autograd's: clamp(min=0) passes
-  // the gradient at exactly 0, minimum/maximum split it evenly on a tie.
-  const T g = -w;
-  const T g_inter_iou = g / uni;
-  const T g_union = -g * iou / uni;
-  const T g_inter = g_inter_iou - g_union;
-  T g_w1 = g_union * h1, g_h1 = g_union * w1;
-  const T g_iwr = iw_raw >= T(0) ? g_inter * ih : T(0);
-  const T g_ihr = ih_raw >= T(0) ? g_inter * iw : T(0);
-  T g_x1 = -g_iwr * d_max(x1, X1), g_x2 = g_iwr * d_min(x2, X2);
-  T g_y1 = -g_ihr * d_max(y1, Y1), g_y2 = g_ihr * d_min(y2, Y2);
-  const T g_c2 = g * rho2 / (c2 * c2);
-  const T g_cw = g_c2 * T(2) * cw, g_ch = g_c2 * T(2) * ch;
-  g_x2 += g_cw * d_max(x2, X2);
-  g_x1 -= g_cw * d_min(x1, X1);
-  g_y2 += g_ch * d_max(y2, Y2);
-  g_y1 -= g_ch * d_min(y1, Y1);
-  const T g_rho2 = -g / c2;
-  const T g_dx = g_rho2 * dx / T(2), g_dy = g_rho2 * dy / T(2);
-  g_x1 -= g_dx;
-  g_x2 -= g_dx;
-  g_y1 -= g_dy;
-  g_y2 -= g_dy;
-  const T g_v = -g * alpha;
-  const T g_q1 = -(g_v * K * T(2) * da) / (T(1) + q1 * q1);  // d atan(q)/dq = 1/(1+q^2)
-  g_w1 += g_q1 / h1;
-  g_h1 -= g_q1 * w1 / (h1 * h1);
-  g_x2 += g_w1;
-  g_x1 -= g_w1;
-  g_y2 += g_h1;
-  g_y1 -= g_h1;
-  const T gE[4] = {-g_x1, -g_y1, g_x2, g_y2};
+  T gE[4];
+  ciou_grad(ax - E[0], ay - E[1], ax + E[2], ay + E[3], X1, Y1, X2, Y2, w, lbox, gE);
   if (R == 1) return l1_row(p, n, a, E, gE, w, lane, ldfl);
 
   // ---- DFL: targets clamped to [0, R - 1 - 0.01] so that bin tl + 1 exists
@@ -344,6 +353,219 @@ cudaError_t launch_impl(const BboxShape& s, const BboxArgs& a, cudaStream_t st, 
   return cudaSuccess;
 }
 
+
+// ------------------------------------------------------------------------- bbox_loss_maps, reg_max 1
+// The Detect head's reg_max 1 maps (B, 4 + C, H_l, W_l) read in place: one thread per anchor row
+// n = b*A + a (a warp covers 32 neighbouring pixels of one map, so every channel load and every gradient
+// store is one coalesced line), the level found from the level offsets. BCE over the classes with the
+// gradient stored in the class gradient map (B, C, H_l, W_l); for a foreground row CIoU and L1 as
+// box_dfl_row / l1_row (ciou_grad, the same formulas), the 8 box gradients stored in the row's static slot
+// rows[n] (2, 4) (zeros off the foreground). Per-block partial sums as loss_kernel, reduced by reduce_kernel.
+template <typename T>
+struct MapsParams {
+  const T* map[kMapsMaxLevels];
+  T* gcls[kMapsMaxLevels];
+  int64_t sb[kMapsMaxLevels], sc[kMapsMaxLevels], a0[kMapsMaxLevels + 1];
+  T stride[kMapsMaxLevels];
+  int L;
+  const T* anc;
+  const T* tb;
+  const T* ts;
+  const int64_t* lab;  // per-anchor targets: ts (B, A) of class lab (B, A); else nullptr and ts (B, A, C)
+  const bool* fg;
+  T* rows;
+  double* part;
+  int64_t N, A, C;
+  T img_w, img_h;
+};
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) maps_l1_kernel(const MapsParams<T> p) {
+  using F = Math<T>;
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  T acc_box = T(0), acc_cls = T(0), acc_l1 = T(0), acc_t = T(0);
+  if (n < p.N) {
+    const int64_t b = n / p.A, a = n - b * p.A;
+    // The anchor's level, its fields picked with constant indices (unrolled): a dynamic index into the
+    // parameter arrays would make every thread copy them to local memory first.
+    const T* mp = p.map[0];
+    T* gp = p.gcls[0];
+    int64_t sb = p.sb[0], sc = p.sc[0], a0 = 0, a1 = p.a0[1];
+    T s = p.stride[0];
+#pragma unroll
+    for (int k = 1; k < kMapsMaxLevels; ++k) {
+      if (k < p.L && a >= p.a0[k]) {
+        mp = p.map[k], gp = p.gcls[k], sb = p.sb[k], sc = p.sc[k], a0 = p.a0[k], a1 = p.a0[k + 1];
+        s = p.stride[k];
+      }
+    }
+    const int64_t hw = a1 - a0, px = a - a0, C = p.C;
+    const T* m = mp + b * sb + px;  // channel k at m[k * sc]
+    T* g = gp + b * C * hw + px;    // class c at g[c * hw]
+    int64_t lab = -1;
+    T score = T(0);
+    if (p.lab != nullptr) lab = i64clamp(p.lab[n], 0, C - 1), score = p.ts[n];
+    T w = T(0);
+    for (int64_t c = 0; c < C; ++c) {
+      const T xi = m[(4 + c) * sc];
+      const T ti = p.lab != nullptr ? (c == lab ? score : T(0)) : p.ts[n * C + c];
+      const T e = F::exp(-fabs(xi));
+      acc_cls += (T(1) - ti) * xi - (xi < T(0) ? xi : T(0)) + F::log1p(e);
+      g[c * hw] = (xi >= T(0) ? T(1) : e) / (T(1) + e) - ti;
+      w += ti;
+    }
+    acc_t = w;
+    T* r = p.rows + n * 8;
+    if (!p.fg[n]) {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) r[k] = T(0);
+    } else {
+      const T* tb = p.tb + 4 * n;
+      const T ax = p.anc[2 * a], ay = p.anc[2 * a + 1];
+      const T E[4] = {m[0], m[sc], m[2 * sc], m[3 * sc]};
+      T gE[4];
+      ciou_grad(ax - E[0], ay - E[1], ax + E[2], ay + E[3], tb[0], tb[1], tb[2], tb[3], w, acc_box, gE);
+      // L1 as l1_row: d = p*s/D - t*s/D, gradient w/4 * sign(d) * s/D
+      const T td[4] = {ax - tb[0], ay - tb[1], tb[2] - ax, tb[3] - ay};
+      const T D[4] = {p.img_w, p.img_h, p.img_w, p.img_h};
+      const T cd = w / T(4);
+      T l1 = T(0);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const T d = (E[k] * s) / D[k] - (td[k] * s) / D[k];
+        l1 += fabs(d);
+        const T sign = d > T(0) ? T(1) : (d < T(0) ? T(-1) : T(0));
+        r[k] = gE[k];
+        r[4 + k] = (cd * sign) * s / D[k];
+      }
+      acc_l1 = (l1 / T(4)) * w;
+    }
+  }
+  // block partial sums: warp butterflies, then the warps in order (every thread reaches here)
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  acc_box = warp_sum(acc_box);
+  acc_cls = warp_sum(acc_cls);
+  acc_l1 = warp_sum(acc_l1);
+  acc_t = warp_sum(acc_t);
+  __shared__ double s_part[kWarps][4];
+  if (lane == 0) {
+    s_part[warp][0] = static_cast<double>(acc_box);
+    s_part[warp][1] = static_cast<double>(acc_cls);
+    s_part[warp][2] = static_cast<double>(acc_l1);
+    s_part[warp][3] = static_cast<double>(acc_t);
+  }
+  __syncthreads();
+  if (threadIdx.x < 4) {
+    double v = 0.0;
+    for (int k = 0; k < kWarps; ++k) v += s_part[k][threadIdx.x];
+    p.part[static_cast<int64_t>(blockIdx.x) * 4 + threadIdx.x] = v;
+  }
+}
+
+// _bbox_loss_maps_scale, one level: out (B, R4 + C, hw) = class channels gcls * c1; box channels the row of
+// the anchor times (c0, c2) when the rows are the static layout (N == B*A: row b*A + a), else
+// c0*0 + c2*0 (NaN for a non-finite incoming grad, as the dense product) and scatter_kernel then writes the
+// foreground rows. c (3,) is read on the device (no host sync).
+template <typename T>
+__global__ void __launch_bounds__(kThreads) scale_kernel(const T* __restrict__ gcls, const T* __restrict__ rows,
+                                                         const T* __restrict__ c, T* __restrict__ out, int64_t B,
+                                                         int64_t C, int64_t R4, int64_t hw, int64_t a0, int64_t A,
+                                                         bool static_rows) {
+  const int64_t no = R4 + C, total = B * no * hw;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const int64_t px = e % hw, ch = (e / hw) % no, b = e / (hw * no);
+    T v;
+    if (ch >= R4) {
+      v = gcls[(b * C + ch - R4) * hw + px] * c[1];
+    } else if (static_rows) {
+      const T* r = rows + (b * A + a0 + px) * 2 * R4;
+      v = r[ch] * c[0] + r[R4 + ch] * c[2];
+    } else {
+      v = c[0] * T(0) + c[2] * T(0);
+    }
+    out[e] = v;
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) scatter_kernel(const T* __restrict__ rows, const int64_t* __restrict__ index,
+                                                           const T* __restrict__ c, T* __restrict__ out, int64_t nfg,
+                                                           int64_t C, int64_t R4, int64_t hw, int64_t a0, int64_t A) {
+  const int64_t total = nfg * R4;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const int64_t k = e / R4, ch = e % R4, i = index[k], b = i / A, a = i % A;
+    if (a < a0 || a >= a0 + hw) continue;  // another level's anchor
+    const T* r = rows + k * 2 * R4;
+    out[(b * (R4 + C) + ch) * hw + (a - a0)] = r[ch] * c[0] + r[R4 + ch] * c[2];
+  }
+}
+
+template <typename T>
+cudaError_t maps_launch_impl(const BboxMapsShape& s, const BboxMapsArgs& a, cudaStream_t st) {
+  const int64_t N = s.B * s.A;
+  const int64_t n_part = ceil_div(N, kThreads);
+  double* part = static_cast<double*>(a.workspace);
+  if (n_part > 0) {
+    MapsParams<T> p{};
+    p.L = s.L;
+    p.a0[0] = 0;
+    for (int l = 0; l < s.L; ++l) {
+      p.map[l] = static_cast<const T*>(a.map[l]);
+      p.gcls[l] = static_cast<T*>(a.gcls[l]);
+      p.sb[l] = a.sb[l];
+      p.sc[l] = a.sc[l];
+      p.a0[l + 1] = p.a0[l] + a.hw[l];
+      p.stride[l] = static_cast<T>(a.stride[l]);
+    }
+    p.anc = static_cast<const T*>(a.anc);
+    p.tb = static_cast<const T*>(a.tb);
+    p.ts = static_cast<const T*>(a.ts);
+    p.lab = a.lab;
+    p.fg = a.fg;
+    p.rows = static_cast<T*>(a.rows);
+    p.part = part;
+    p.N = N;
+    p.A = s.A;
+    p.C = s.C;
+    p.img_w = static_cast<T>(a.img_w);
+    p.img_h = static_cast<T>(a.img_h);
+    maps_l1_kernel<T><<<static_cast<unsigned>(n_part), kThreads, 0, st>>>(p);
+    YF_CHECK_LAUNCH();
+  }
+  reduce_kernel<T><<<1, kReduceThreads, 0, st>>>(part, n_part, static_cast<T*>(a.losses),
+                                                  static_cast<T*>(a.inv_s));
+  YF_CHECK_LAUNCH();
+  return cudaSuccess;
+}
+
+unsigned grid_of(int64_t total) {  // grid-stride loops: at most 65535 blocks, at least 1
+  return static_cast<unsigned>(i64clamp(ceil_div(total, kThreads), 1, 65535));
+}
+
+template <typename T>
+cudaError_t scale_launch_impl(const BboxMapsScale& s, cudaStream_t st) {
+  const bool static_rows = s.nfg == s.B * s.A;
+  int64_t a0 = 0;
+  for (int l = 0; l < s.L; ++l) {
+    const int64_t hw = s.hw[l];
+    if (s.B * hw > 0) {
+      scale_kernel<T><<<grid_of(s.B * (s.R4 + s.C) * hw), kThreads, 0, st>>>(
+          static_cast<const T*>(s.gcls[l]), static_cast<const T*>(s.rows), static_cast<const T*>(s.c),
+          static_cast<T*>(s.out[l]), s.B, s.C, s.R4, hw, a0, s.A, static_rows);
+      YF_CHECK_LAUNCH();
+      if (!static_rows && s.nfg > 0) {
+        scatter_kernel<T><<<grid_of(s.nfg * s.R4), kThreads, 0, st>>>(
+            static_cast<const T*>(s.rows), s.index, static_cast<const T*>(s.c), static_cast<T*>(s.out[l]), s.nfg,
+            s.C, s.R4, hw, a0, s.A);
+        YF_CHECK_LAUNCH();
+      }
+    }
+    a0 += hw;
+  }
+  return cudaSuccess;
+}
 }  // namespace
 
 size_t bbox_loss_workspace_bytes(const BboxShape& s) {
@@ -357,6 +579,18 @@ cudaError_t bbox_loss_launch(const BboxShape& s, const BboxArgs& a, bool f64, cu
 cudaError_t bbox_loss_l1_launch(const BboxShape& s, const BboxArgs& a, const BboxL1& l1, bool f64,
                                 cudaStream_t stream) {
   return f64 ? launch_impl<double>(s, a, stream, &l1) : launch_impl<float>(s, a, stream, &l1);
+}
+
+size_t bbox_loss_maps_workspace_bytes(const BboxMapsShape& s) {
+  return static_cast<size_t>(std::max<int64_t>(ceil_div(s.B * s.A, kThreads), 1)) * 4 * sizeof(double);
+}
+
+cudaError_t bbox_loss_maps_l1_launch(const BboxMapsShape& s, const BboxMapsArgs& a, bool f64, cudaStream_t stream) {
+  return f64 ? maps_launch_impl<double>(s, a, stream) : maps_launch_impl<float>(s, a, stream);
+}
+
+cudaError_t bbox_loss_maps_scale_launch(const BboxMapsScale& s, bool f64, cudaStream_t stream) {
+  return f64 ? scale_launch_impl<double>(s, stream) : scale_launch_impl<float>(s, stream);
 }
 
 }  // namespace cuda

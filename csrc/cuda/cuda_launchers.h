@@ -85,6 +85,58 @@ struct BboxL1 {
 cudaError_t bbox_loss_l1_launch(const BboxShape& s, const BboxArgs& a, const BboxL1& l1, bool f64,
                                 cudaStream_t stream);
 
+// bbox_loss_maps for reg_max 1 (YOLO26): the Detect head's maps read in place (anchor a of level l is pixel
+// a - a0_l of map l, levels in order). Maps (B, 4 + C, H_l, W_l) in T with image stride sb, channel stride
+// sc and pixel stride 1; anc (A,2), tb (B,A,4) T; ts (B,A,C) T, or (B,A) T with lab (B,A) int64 (each
+// anchor's one target of class lab clamped to [0, C - 1]); fg (B,A) bool; stride: each map's stride,
+// img_h x img_w the batch image. Outputs: losses (3,) [L_box, L_cls, L_l1], gcls[l] (B, C, H_l, W_l)
+// contiguous (gradient of S*L_cls), rows (B*A, 2, 4) (gradients of S*L_box and S*L_l1 w.r.t. the 4 raw
+// distances, zero off the foreground), inv_s ().
+constexpr int kMapsMaxLevels = 8;
+
+struct BboxMapsShape {
+  int64_t B, A, C;
+  int L;  // maps, 1..kMapsMaxLevels
+};
+
+struct BboxMapsArgs {
+  const void* map[kMapsMaxLevels];
+  void* gcls[kMapsMaxLevels];
+  int64_t sb[kMapsMaxLevels], sc[kMapsMaxLevels], hw[kMapsMaxLevels];
+  double stride[kMapsMaxLevels];
+  double img_h, img_w;
+  const void* anc;
+  const void* tb;
+  const void* ts;
+  const int64_t* lab;  // nullptr: ts is (B, A, C)
+  const bool* fg;
+  void* losses;
+  void* rows;
+  void* inv_s;
+  void* workspace;  // bbox_loss_maps_workspace_bytes(...) bytes
+};
+
+size_t bbox_loss_maps_workspace_bytes(const BboxMapsShape& s);
+cudaError_t bbox_loss_maps_l1_launch(const BboxMapsShape& s, const BboxMapsArgs& a, bool f64, cudaStream_t stream);
+
+// _bbox_loss_maps_scale (bbox_loss_maps' backward), any reg_max: out[l] (B, R4 + C, H_l, W_l) contiguous =
+// gcls[l] (B, C, H_l, W_l) * c[1] in the class channels; in the box channels rows[k, 0] * c[0] +
+// rows[k, 1] * c[2] at the anchor index[k] of each of the nfg rows (B*A, 2, R4) and c[0]*0 + c[2]*0
+// elsewhere. rows with nfg == B*A are the static layout (row b*A + a) and index is not read. c: (3,) T on
+// the device.
+struct BboxMapsScale {
+  int64_t B, A, C, R4, nfg;
+  int L;
+  const void* gcls[kMapsMaxLevels];
+  void* out[kMapsMaxLevels];
+  int64_t hw[kMapsMaxLevels];
+  const void* rows;
+  const int64_t* index;
+  const void* c;
+};
+
+cudaError_t bbox_loss_maps_scale_launch(const BboxMapsScale& s, bool f64, cudaStream_t stream);
+
 // ------------------------------------------------------------------------------------------ ema_update
 // In place ema = lerp(ema, model, w), w = 1 - decay (DESIGN §2.3, spec reference.ema_update_ref).
 enum class EmaType : int { kFloat = 0, kDouble = 1, kHalf = 2, kBFloat16 = 3 };

@@ -12,7 +12,9 @@
 
 #include <cstdlib>
 #include <limits>
+#include <optional>
 #include <tuple>
+#include <vector>
 
 #include "cuda_launchers.h"
 #include "ns_orthogonalize_cuda.h"
@@ -186,6 +188,108 @@ Outputs5 bbox_loss_l1_cuda(const at::Tensor& pred_dist, const at::Tensor& pred_s
   return {losses, gbox, gl1, gcls, inv_s};
 }
 
+// bbox_loss_maps for reg_max 1 (YOLO26): the Detect head's maps read in place, the outputs of the CPU op
+// (csrc/cpu/bbox_loss_kernel.cpp) in its static layout: every anchor's row (B*A, 2, 4) and fg_index =
+// 0..B*A-1 whatever `compact` asks (a compact layout's size is data-dependent: a host sync). weights (the
+// CPU op's final gradients) need S before the pass and are refused here; the Python wrapper never passes
+// them to CUDA. DFL maps take the (B, A, .) op after a cat.
+using MapsOutputs = std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor, at::Tensor>;
+
+MapsOutputs bbox_loss_maps_cuda(at::TensorList feats, const at::Tensor& anchor_points, const at::Tensor& target_bboxes,
+                                const at::Tensor& target_scores, const at::Tensor& fg_mask, int64_t reg_max,
+                                bool compact, const std::optional<at::Tensor>& target_labels,
+                                const std::optional<at::Tensor>& weights, const std::optional<at::Tensor>& l1_scale) {
+  (void)compact;
+  TORCH_CHECK(reg_max == 1, "yolofast::bbox_loss_maps (CUDA): the maps kernel reads reg_max 1 (raw distance) maps; "
+              "got reg_max ", reg_max, " (DFL maps go through yolofast::bbox_loss after a cat)");
+  TORCH_CHECK(!weights.has_value(), "yolofast::bbox_loss_maps (CUDA): weights (final gradients in the forward) are a "
+              "CPU-only form; pass None");
+  const auto in = yolofast_checks::bbox_loss_maps_inputs(feats, anchor_points, target_bboxes, target_scores, fg_mask,
+                                                          reg_max, 1, target_labels);
+  const int64_t L = static_cast<int64_t>(in.maps.size());
+  TORCH_CHECK(L <= kMapsMaxLevels, "yolofast::bbox_loss_maps (CUDA): at most ", kMapsMaxLevels, " maps, got ", L);
+  TORCH_CHECK(l1_scale.has_value() && l1_scale->numel() == L + 2, "yolofast::bbox_loss_maps: reg_max 1 needs l1_scale (",
+              L + 2, ",) = the stride of each map and the batch image's (H, W), to normalise the L1 distances");
+  const at::Tensor& ref = in.maps[0];
+  check_device(ref, {{"anchor_points", &in.anc}, {"target_bboxes", &in.tb}, {"target_scores", &in.ts},
+                     {"fg_mask", &in.fg}},
+               "yolofast::bbox_loss_maps");
+  for (int64_t l = 1; l < L; ++l) check_device(ref, {{"feats[i]", &in.maps[l]}}, "yolofast::bbox_loss_maps");
+  if (in.lab.defined()) check_device(ref, {{"target_labels", &in.lab}}, "yolofast::bbox_loss_maps");
+  const c10::cuda::CUDAGuard guard(ref.device());
+  const at::Tensor scale = l1_scale->to(at::kCPU, at::kDouble).contiguous();  // a CPU tensor: no sync
+  const double* sc = scale.const_data_ptr<double>();
+
+  const int64_t B = in.B, A = in.A, C = in.C;
+  const auto opt = ref.options();
+  BboxMapsArgs args{};
+  std::vector<at::Tensor> gcls;
+  for (int64_t l = 0; l < L; ++l) {
+    const at::Tensor& m = in.maps[l];
+    gcls.push_back(at::empty({B, C, m.size(2), m.size(3)}, opt));
+    args.map[l] = m.const_data_ptr();
+    args.gcls[l] = gcls.back().mutable_data_ptr();
+    args.sb[l] = m.stride(0), args.sc[l] = m.stride(1), args.hw[l] = m.size(2) * m.size(3);
+    args.stride[l] = sc[l];
+  }
+  at::Tensor losses = at::empty({3}, opt), rows = at::empty({B * A, 2, 4}, opt), inv_s = at::empty({}, opt);
+  if (poison_outputs()) {
+    for (at::Tensor* t : {&losses, &rows, &inv_s}) poison(*t);
+    for (at::Tensor& g : gcls) poison(g);
+  }
+  const at::Tensor index = at::arange(B * A, opt.dtype(at::kLong));
+  const BboxMapsShape shape{B, A, C, static_cast<int>(L)};
+  at::Tensor ws = at::empty({static_cast<int64_t>(bbox_loss_maps_workspace_bytes(shape))}, opt.dtype(at::kByte));
+  args.img_h = sc[L], args.img_w = sc[L + 1];
+  args.anc = in.anc.const_data_ptr(), args.tb = in.tb.const_data_ptr(), args.ts = in.ts.const_data_ptr();
+  args.lab = in.lab.defined() ? in.lab.const_data_ptr<int64_t>() : nullptr;
+  args.fg = in.fg.const_data_ptr<bool>();
+  args.losses = losses.mutable_data_ptr(), args.rows = rows.mutable_data_ptr();
+  args.inv_s = inv_s.mutable_data_ptr(), args.workspace = ws.mutable_data_ptr();
+  check_launch(bbox_loss_maps_l1_launch(shape, args, in.f64, c10::cuda::getCurrentCUDAStream().stream()),
+               "bbox_loss_maps");
+  return {losses, gcls, rows, index, inv_s};
+}
+
+// backward of bbox_loss_maps (any reg_max): each map's gradient (B, 4R + C, H, W) written once.
+std::vector<at::Tensor> bbox_loss_maps_scale_cuda(at::TensorList grad_cls, const at::Tensor& fg_rows,
+                                                  const at::Tensor& fg_index, const at::Tensor& c, int64_t reg_max) {
+  TORCH_CHECK(!grad_cls.empty() && grad_cls.size() <= static_cast<size_t>(kMapsMaxLevels) && fg_rows.dim() == 3 &&
+                  fg_rows.size(1) == 2 && fg_rows.size(2) == 4 * reg_max && fg_index.dim() == 1 &&
+                  fg_index.size(0) == fg_rows.size(0) && c.numel() == 3,
+              "yolofast::_bbox_loss_maps_scale: expects bbox_loss_maps' class gradients [(B, C, H, W)] (at most ",
+              kMapsMaxLevels, "), foreground rows (N, 2, 4*reg_max), their index (N,) and c (3,); got ",
+              fg_rows.sizes(), ", ", fg_index.sizes(), ", ", c.sizes());
+  const auto dt = fg_rows.scalar_type();
+  TORCH_CHECK(dt == at::kFloat || dt == at::kDouble, "yolofast::_bbox_loss_maps_scale: the gradients must be "
+              "float32 or float64 (bbox_loss_maps' compute dtype)");
+  check_device(fg_rows, {{"fg_index", &fg_index}, {"c", &c}}, "yolofast::_bbox_loss_maps_scale");
+  const c10::cuda::CUDAGuard guard(fg_rows.device());
+  const int64_t B = grad_cls[0].size(0), C = grad_cls[0].size(1), R4 = 4 * reg_max;
+  BboxMapsScale s{};
+  std::vector<at::Tensor> gc, out;
+  int64_t A = 0;
+  for (size_t l = 0; l < grad_cls.size(); ++l) {
+    const at::Tensor& g = grad_cls[l];
+    TORCH_CHECK(g.dim() == 4 && g.size(0) == B && g.size(1) == C && g.scalar_type() == dt,
+                "yolofast::_bbox_loss_maps_scale: every class gradient must be (B, C, H, W) = (", B, ", ", C,
+                ", H, W) of ", dt, ", got ", g.sizes(), " ", g.scalar_type());
+    check_device(fg_rows, {{"grad_cls[i]", &g}}, "yolofast::_bbox_loss_maps_scale");
+    gc.push_back(g.contiguous());
+    out.push_back(at::empty({B, R4 + C, g.size(2), g.size(3)}, g.options()));
+    if (poison_outputs()) poison(out.back());
+    s.gcls[l] = gc.back().const_data_ptr(), s.out[l] = out.back().mutable_data_ptr();
+    s.hw[l] = g.size(2) * g.size(3);
+    A += s.hw[l];
+  }
+  const at::Tensor rows = fg_rows.contiguous(), index = fg_index.to(at::kLong).contiguous(), cc = c.to(dt).contiguous();
+  s.B = B, s.A = A, s.C = C, s.R4 = R4, s.nfg = rows.size(0), s.L = static_cast<int>(grad_cls.size());
+  s.rows = rows.const_data_ptr(), s.index = index.const_data_ptr<int64_t>(), s.c = cc.const_data_ptr();
+  check_launch(bbox_loss_maps_scale_launch(s, dt == at::kDouble, c10::cuda::getCurrentCUDAStream().stream()),
+               "_bbox_loss_maps_scale");
+  return out;
+}
+
 // ------------------------------------------------------------------------------------------ ema_update
 EmaType ema_type(at::ScalarType t) {
   switch (t) {
@@ -255,6 +359,8 @@ TORCH_LIBRARY_IMPL(yolofast, CUDA, m) {
   m.impl("tal_assign", &yolofast::cuda::tal_assign_cuda);
   m.impl("bbox_loss", &yolofast::cuda::bbox_loss_cuda);
   m.impl("bbox_loss.l1", &yolofast::cuda::bbox_loss_l1_cuda);
+  m.impl("bbox_loss_maps", &yolofast::cuda::bbox_loss_maps_cuda);
+  m.impl("_bbox_loss_maps_scale", &yolofast::cuda::bbox_loss_maps_scale_cuda);
   m.impl("ema_update", &yolofast::cuda::ema_update_cuda);
   m.impl("ns_orthogonalize", &yolofast::cuda::ns_orthogonalize_cuda);
 }

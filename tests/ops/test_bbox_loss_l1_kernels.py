@@ -3,7 +3,7 @@ kernels: the CUDA one (``bbox_loss.l1``, on a GPU or the CPU emulation: the ``im
 one (the interpreter or a GPU), against reference.bbox_loss_ref(..., stride_tensor, img_hw): the three losses
 and both gradients, on random inputs and edge cases (empty images, no positives, tiny boxes, negative target
 distances, NaN background boxes, float64, bf16 inputs). The C++ kernel's reg_max 1 path (the maps read in
-place) is tested in test_bbox_loss_l1.py."""
+place) is tested in test_bbox_loss_l1.py, the CUDA and Triton maps kernels in test_bbox_loss_l1_maps.py."""
 
 from __future__ import annotations
 
@@ -150,13 +150,13 @@ def l1_maps(B, C, hw, seed, device):
 
 
 def check_public_maps(name, device, spy_module, spy_attr, monkeypatch):
-    """bbox_loss_maps of reg_max 1 maps under backend ``name``: routed to its kernel (the spy counts the
-    calls) and equal to the reference on the cat-ed maps."""
+    """bbox_loss_maps of reg_max 1 maps under backend ``name``: routed to its maps kernel (the spy records
+    the reg_max of each call) and equal to the reference on the cat-ed maps."""
     calls = []
     real = getattr(spy_module, spy_attr)
 
     def spy(*a, **k):
-        calls.append(a[0].shape)
+        calls.append(a[5])
         return real(*a, **k)
 
     monkeypatch.setattr(spy_module, spy_attr, spy)
@@ -166,7 +166,7 @@ def check_public_maps(name, device, spy_module, spy_attr, monkeypatch):
     with backend(name):
         out = bbox_loss_maps(fs, anc, tb, ts, fg, 1, strides=STRIDES)
     grads = torch.autograd.grad((out * torch.tensor([0.7, 1.3, -0.4], device=device)).sum(), fs)
-    assert calls and calls[0][-1] == 4, "reg_max 1 did not reach the kernel"
+    assert calls == [1], "reg_max 1 maps did not reach the maps kernel"
     rs = [f.detach().clone().requires_grad_() for f in feats]
     pd, ps = maps_to_rows(rs, 1)
     want = bbox_loss_ref(pd, ps, anc, tb, ts, fg, stride, hw)
@@ -181,7 +181,7 @@ def check_public_maps(name, device, spy_module, spy_attr, monkeypatch):
 def test_gpu_public_maps_route_to_the_cuda_kernel(monkeypatch):
     from yolofast.ops import _library
 
-    check_public_maps("cuda", "cuda", _library, "bbox_loss", monkeypatch)
+    check_public_maps("cuda", "cuda", _library, "bbox_loss_maps", monkeypatch)
 
 
 @pytest.mark.cuda
@@ -251,9 +251,9 @@ class TestTritonL1:
         torch.testing.assert_close(a, bbox_loss_ref(*args), rtol=1e-5, atol=0)
 
     def test_public_maps_route_to_the_triton_kernel(self, monkeypatch):
-        from yolofast.kernels import bbox_loss as triton_module
+        from yolofast.kernels import _bbox_loss_maps
 
-        check_public_maps("triton", TRITON_DEV, triton_module, "bbox_loss", monkeypatch)
+        check_public_maps("triton", TRITON_DEV, _bbox_loss_maps, "bbox_loss_maps", monkeypatch)
 
     def test_opcheck(self):
         # fake-tensor and AOT checks trace compiled Triton kernels only (a GPU), as test_bbox_loss.py's

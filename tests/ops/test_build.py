@@ -268,7 +268,8 @@ LOAD_CHECK = """
 import sys, torch
 import yolofast.ops._schemas  # the schemas
 torch.ops.load_library(sys.argv[1])
-for op in ("tal_assign", "bbox_loss", "ema_update", "ns_orthogonalize"):
+for op in ("tal_assign", "bbox_loss", "bbox_loss_maps", "_bbox_loss_maps_scale", "ema_update",
+           "ns_orthogonalize"):
     assert torch._C._dispatch_has_kernel_for_dispatch_key(f"yolofast::{op}", "CUDA"), op
 print("CUDA-KERNELS-OK")
 """

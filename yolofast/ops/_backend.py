@@ -43,6 +43,7 @@ _COMPILED = {
     ("bbox_loss", "cpp"): "bbox_loss_rows",
     ("bbox_loss", "cuda"): "bbox_loss",
     ("bbox_loss.maps", "cpp"): "bbox_loss_maps",
+    ("bbox_loss.maps", "cuda"): "bbox_loss_maps",
     ("ema_update", "cpp"): "ema_update",
     ("ema_update", "cuda"): "ema_update",
     ("ema_update.multi", "cpp"): "ema_update_multi",
@@ -58,6 +59,12 @@ _COMPILED_ONLY = {("ema_update.plan", "cpp"): "ema_plan"}
 # composed form on the same backend): none now. The C++ head_decode, tal_assign.maps and bbox_loss.maps read
 # reg_max 1 maps (YOLO26: raw distances) in place too (bbox_loss.maps then takes the L1 geometry as l1_scale).
 _DFL_ONLY: frozenset = frozenset()
+# (form, backend) whose own form reads reg_max 1 maps only (YOLO26: raw distances, the L1 term): a DFL head's
+# maps get the composed form on the same backend. CUDA: _library.bbox_loss_maps (yolofast::bbox_loss_maps's
+# CUDA kernel); Triton: the module below (yolofast/kernels/_bbox_loss_maps.py).
+_REG_MAX1_ONLY = frozenset({("bbox_loss.maps", "cuda"), ("bbox_loss.maps", "triton")})
+# form -> (module of yolofast.kernels, its callable): Triton forms of a variant, reg_max 1 only (above).
+_TRITON_FORMS = {"bbox_loss.maps": ("_bbox_loss_maps", "bbox_loss_maps")}
 # Ops with a reference in reference.py (<op>_ref) and a Triton kernel (yolofast.kernels.<op>); head_decode
 # has neither: off the CPU kernel it is torch ops (_composed.head_decode) on every backend.
 _REFERENCE_OPS = ("tal_assign", "bbox_loss", "ema_update", "ns_orthogonalize")
@@ -165,6 +172,8 @@ def backend_name(op: str, device_type: str) -> str:
     name = select_backend(op, device_type)
     for form in (op, *(v for v, base in VARIANTS.items() if base == op)):
         implementation(form, name)  # imports its module here, outside the code that dynamo traces
+        if (form, name) in _REG_MAX1_ONLY:
+            implementation(form, name, 1)
     return name
 
 
@@ -173,7 +182,8 @@ def implementation(op: str, name: str, reg_max: int | None = None) -> Callable:
     op returns it), with the signature of ``reference.<op>_ref`` (ops) or of the public variant's
     wrapper: ``_library``'s compiled callable (cpp, cuda), ``reference.<op>_ref`` (ref),
     ``yolofast.kernels.<op>.<op>`` (triton), or else ``_composed``'s form over the op on that backend.
-    ``reg_max``: the head's bins per side, for the forms that read the maps (compiled decodes: >= 2)."""
+    ``reg_max``: the head's bins per side, for the forms that read the maps (``_DFL_ONLY``: >= 2,
+    ``_REG_MAX1_ONLY``: 1; otherwise the composed form)."""
     base = VARIANTS.get(op, op)
     if base not in OPS or name not in BACKENDS:
         raise ValueError(f"implementation: no op {op!r} on backend {name!r}; ops {OPS} and their variants "
@@ -181,10 +191,20 @@ def implementation(op: str, name: str, reg_max: int | None = None) -> Callable:
     compiled = _COMPILED.get((op, name))
     if compiled is not None and op in _DFL_ONLY and reg_max is not None and int(reg_max) < 2:
         compiled = None
+    reg_max1 = reg_max is not None and int(reg_max) == 1
+    if (op, name) in _REG_MAX1_ONLY and not reg_max1:
+        compiled = None
     if compiled is not None:
         from yolofast.ops import _library
 
         return getattr(_library, compiled)
+    if name == "triton" and op in _TRITON_FORMS and reg_max1:
+        module, attr = _TRITON_FORMS[op]
+        if not torch.compiler.is_compiling():  # as for the ops below: backend_name imported it already
+            importlib.import_module(f"yolofast.kernels.{module}")
+        from yolofast import kernels
+
+        return getattr(getattr(kernels, module), attr)
     from yolofast.ops import _composed
 
     if base not in _REFERENCE_OPS:

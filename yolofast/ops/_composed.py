@@ -56,9 +56,10 @@ def tal_assign_maps(tal_assign, feats, pd_bboxes, anc_points, gt_labels, gt_bbox
 
 
 def bbox_loss_maps(bbox_loss, feats, anchor_points, target_bboxes, target_scores, fg_mask, reg_max=16,
-                   target_labels=None, weights=None, **extra):
-    """``bbox_loss.maps`` as ``bbox_loss`` of the cat-ed maps (weights only steer the C++ kernel's layout;
-    ``extra``, the reg_max 1 geometry, passed on)."""
+                   target_labels=None, weights=None, l1_scale=None, **extra):
+    """``bbox_loss.maps`` as ``bbox_loss`` of the cat-ed maps (weights only steer the C++ kernel's layout,
+    l1_scale is the maps kernels' form of the reg_max 1 geometry; ``extra``, its (B, A, .) form, passed
+    on)."""
     if target_scores.dim() == 2:
         target_scores = dense_target_scores(target_scores, target_labels, feats[0].shape[1] - 4 * reg_max)
     pred_dist, pred_scores = maps_to_rows(feats, reg_max)

@@ -122,7 +122,7 @@ def bbox_loss_maps(
     reg_max: int = 16,
     target_labels: Tensor | None = None,
     weights: Tensor | None = None,
-    l1_scale: Tensor | None = None,
+    l1_scale=None,
     stride_tensor: Tensor | None = None,
     img_hw: tuple[float, float] | None = None,
 ) -> Tensor:
@@ -131,19 +131,38 @@ def bbox_loss_maps(
     (B, A) per anchor with their classes in target_labels, or (B, A, C). weights (3,): the gradient the
     caller's backward will bring to the three losses; the forward then writes the final map gradients
     (used in eager mode with per-anchor targets; traced code keeps the general layout). reg_max 1 (raw
-    distances, YOLO26): [L_box, L_cls, L_l1] with l1_scale (len(feats) + 2,) float64 = each map's stride
-    and the batch image's (H, W), or built here from the torch forms' geometry (stride_tensor (A, 1),
-    img_hw), as ``bbox_loss_maps`` hands it to every backend."""
+    distances, YOLO26): [L_box, L_cls, L_l1] with l1_scale (len(feats) + 2 floats, or such a float64 CPU
+    tensor) = each map's stride and the batch image's (H, W), or built here from the torch forms' geometry
+    (stride_tensor (A, 1), img_hw). On CUDA (reg_max 1 only) the forward keeps the general layout: weights
+    are ignored (the final gradients would need S before the pass) and the rows are always the static ones."""
     _ensure_loaded()
     if l1_scale is None and stride_tensor is not None and img_hw is not None:
         l1_scale = _l1_scale(feats, stride_tensor, img_hw)
+    elif l1_scale is not None and not isinstance(l1_scale, Tensor):
+        l1_scale = _l1_scale_tensor(tuple(float(v) for v in l1_scale))
     eager = _eager()
-    if not eager or target_scores.dim() != 2:
+    if not eager or target_scores.dim() != 2 or feats[0].device.type != "cpu":
         weights = None
     return torch.ops.yolofast.bbox_loss_maps(
         list(feats), anchor_points, target_bboxes, target_scores, fg_mask, int(reg_max), eager,
         target_labels, weights, l1_scale,
     )[0]
+
+
+_L1_SCALES: dict[tuple, Tensor] = {}
+
+
+def _l1_scale_tensor(values: tuple[float, ...]) -> Tensor:
+    """The float64 CPU tensor of l1_scale's numbers, made once per geometry and kept: a step then makes no
+    new tensor (a CUDA-graph capture allows none); the kernels only read it. Under torch.compile it is a
+    constant of the graph instead."""
+    if torch.compiler.is_compiling():
+        return torch.tensor(values, dtype=torch.float64)
+    if values not in _L1_SCALES:
+        if len(_L1_SCALES) >= 256:  # image sizes of one run are a handful (rect batches: tens)
+            _L1_SCALES.clear()
+        _L1_SCALES[values] = torch.tensor(values, dtype=torch.float64)
+    return _L1_SCALES[values]
 
 
 def _l1_scale(feats: list[Tensor], stride_tensor: Tensor, img_hw) -> Tensor:

@@ -43,9 +43,11 @@ Ops (tensor shapes as in ``reference.py``):
       hands on as it is when that gradient arrives (once), and rescales otherwise.
       reg_max 1 (raw distances, YOLO26): losses are [L_box, L_cls, L_l1] with l1_scale (len(feats) + 2,)
       float64 = each map's stride and the batch image's (H, W).
+      CUDA: reg_max 1 only, weights None, and always the static layout whatever compact says (a compact
+      one would need a host sync for its size).
   _bbox_loss_maps_scale(grad_cls, fg_rows, fg_index, c, reg_max) -> [(B, 4R+C, H_i, W_i)]
-      bbox_loss_maps' backward (CPU): each map's gradient written once, class channels grad_cls*c[1], box
-      channels fg_rows[:, 0]*c[0] + fg_rows[:, 1]*c[2] at the foreground anchors and 0 elsewhere.
+      bbox_loss_maps' backward (CPU, CUDA): each map's gradient written once, class channels grad_cls*c[1],
+      box channels fg_rows[:, 0]*c[0] + fg_rows[:, 1]*c[2] at the foreground anchors and 0 elsewhere.
   tal_assign.maps(feats, reg_max, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, alpha, beta,
                   eps, dense_scores=True)
       -> tal_assign's outputs for pd_scores = sigmoid of the maps' class logits (as (B, A, C)), read in

@@ -2,8 +2,9 @@
 (see _backend.py).
 
 ``bbox_loss`` takes (B, A, .) tensors; ``bbox_loss_maps`` takes the Detect head's per-level maps as they
-are: the C++ kernel reads them in place and returns gradients in their layout, the other backends get the
-(B, A, .) tensors built by one cat per map (``maps_to_rows``, in _composed.py).
+are: the C++ kernel reads them in place and returns gradients in their layout, and so do the CUDA and
+Triton kernels for reg_max 1 (YOLO26); the other cases get the (B, A, .) tensors built by one cat per map
+(``maps_to_rows``, in _composed.py).
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ __all__ = ["bbox_loss", "bbox_loss_maps", "dense_target_scores", "maps_to_rows"]
 # (below), so a (B, A, .) reg_max 1 call there runs the reference: a rule of this op, tested, not a
 # fallback (``reg_max_backend``). A kernel that implements it adds its backend's name here.
 REG_MAX1_BACKENDS = frozenset({"ref", "cuda", "triton"})
-# The same for the maps form (bbox_loss_maps, what the loss calls): every backend. The C++ kernel reads
-# reg_max 1 maps in place (no cat); CUDA and Triton get the (B, A, .) tensors of one cat per map, as for DFL.
+# The same for the maps form (bbox_loss_maps, what the loss calls): every backend, each reading reg_max 1 maps
+# in place (no cat; the gradients written in the maps' layout): C++ and CUDA yolofast::bbox_loss_maps, Triton
+# bbox_loss_maps_triton (kernels/_bbox_loss_maps.py). DFL maps: C++ in place, CUDA/Triton one cat per map.
 REG_MAX1_MAPS_BACKENDS = frozenset({"ref", "cpp", "cuda", "triton"})
 
 
@@ -74,7 +76,8 @@ def bbox_loss_maps(
     final map gradients in the forward pass, and its backward has nothing left to write. Values are the same.
 
     Returns (3,) [L_box, L_cls, L_dfl], differentiable w.r.t. every map. The C++ backend reads the maps in
-    place (no cat, no transpose, the gradients written in the maps' layout); the others cat first.
+    place (no cat, no transpose, the gradients written in the maps' layout), CUDA and Triton too for reg_max
+    1; otherwise they cat first.
     reg_max 1: [L_box, L_cls, L_l1] (``reference.bbox_loss_ref``); strides (one per map, pixels) are then
     required, the image size is that of the first map times its stride; it runs on the selected backend
     if that is in ``REG_MAX1_MAPS_BACKENDS``, else on the reference.
@@ -83,15 +86,15 @@ def bbox_loss_maps(
     if int(reg_max) == 1 and name not in REG_MAX1_MAPS_BACKENDS:
         name = "ref"
     extra = _l1_geometry(feats, strides) if int(reg_max) == 1 else {}
-    if extra and name == "cpp":  # the C++ kernel takes the geometry as numbers, read on the host
-        extra = {"l1_scale": _l1_scale(tuple(float(s) for s in strides), *extra["img_hw"])}
     impl = implementation("bbox_loss.maps", name, reg_max)
     return impl(feats, anchor_points, target_bboxes, target_scores, fg_mask, reg_max, target_labels, weights,
                 **extra)
 
 
 def _l1_geometry(feats, strides) -> dict:
-    """stride_tensor (A, 1) and img_hw (H, W) of the batch image for the reg_max 1 L1 term, from the maps."""
+    """The reg_max 1 L1 term's geometry from the maps: stride_tensor (A, 1) and img_hw (H, W) of the batch
+    image for the (B, A, .) forms, and l1_scale (each map's stride, H, W; Python floats, so a CUDA kernel
+    reads them without a device-to-host copy) for the kernels that read the maps in place."""
     if strides is None or len(strides) != len(feats):
         raise ValueError(f"bbox_loss_maps: reg_max 1 needs strides, one per map ({len(feats)} maps), "
                          f"to normalise the L1 distances; got {strides!r}")
@@ -99,23 +102,5 @@ def _l1_geometry(feats, strides) -> dict:
 
     stride_tensor = make_anchors(feats, strides, 0.5)[1]
     s0 = float(strides[0])
-    return {"stride_tensor": stride_tensor, "img_hw": (feats[0].shape[2] * s0, feats[0].shape[3] * s0)}
-
-
-_L1_SCALES: dict[tuple, torch.Tensor] = {}
-
-
-def _l1_scale(strides: tuple[float, ...], h: float, w: float) -> torch.Tensor:
-    """(len(strides) + 2,) float64 on the CPU: each map's stride, then the image's (H, W): what the C++
-    kernel reads. Made from Python numbers and kept, so that a step needs no device-to-host copy and no new
-    tensor (a CUDA-graph capture allows neither); the kernel only reads it. Under torch.compile it is a
-    constant of the graph instead."""
-    key = (strides, h, w)
-    if torch.compiler.is_compiling() or key not in _L1_SCALES:
-        scale = torch.tensor([*strides, h, w], dtype=torch.float64)
-        if torch.compiler.is_compiling():
-            return scale
-        if len(_L1_SCALES) >= 256:  # image sizes of one run are a handful (rect batches: tens)
-            _L1_SCALES.clear()
-        _L1_SCALES[key] = scale
-    return _L1_SCALES[key]
+    img_hw = (feats[0].shape[2] * s0, feats[0].shape[3] * s0)
+    return {"stride_tensor": stride_tensor, "img_hw": img_hw, "l1_scale": (*map(float, strides), *img_hw)}
