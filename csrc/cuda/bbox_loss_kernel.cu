@@ -465,26 +465,30 @@ __global__ void __launch_bounds__(kThreads) maps_l1_kernel(const MapsParams<T> p
 // _bbox_loss_maps_scale, one level: out (B, R4 + C, hw) = class channels gcls * c1; box channels the row of
 // the anchor times (c0, c2) when the rows are the static layout (N == B*A: row b*A + a), else
 // c0*0 + c2*0 (NaN for a non-finite incoming grad, as the dense product) and scatter_kernel then writes the
-// foreground rows. c (3,) is read on the device (no host sync).
+// foreground rows. c (3,) is read on the device (no host sync). Grid: y over the B*(R4 + C) channel rows,
+// x over the pixels (no 64-bit division per element), both grid-stride.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) scale_kernel(const T* __restrict__ gcls, const T* __restrict__ rows,
                                                          const T* __restrict__ c, T* __restrict__ out, int64_t B,
                                                          int64_t C, int64_t R4, int64_t hw, int64_t a0, int64_t A,
                                                          bool static_rows) {
-  const int64_t no = R4 + C, total = B * no * hw;
-  for (int64_t e = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; e < total;
-       e += static_cast<int64_t>(gridDim.x) * kThreads) {
-    const int64_t px = e % hw, ch = (e / hw) % no, b = e / (hw * no);
-    T v;
-    if (ch >= R4) {
-      v = gcls[(b * C + ch - R4) * hw + px] * c[1];
-    } else if (static_rows) {
-      const T* r = rows + (b * A + a0 + px) * 2 * R4;
-      v = r[ch] * c[0] + r[R4 + ch] * c[2];
-    } else {
-      v = c[0] * T(0) + c[2] * T(0);
+  const int64_t no = R4 + C;
+  for (int64_t row = blockIdx.y; row < B * no; row += gridDim.y) {
+    const int64_t b = row / no, ch = row - b * no;
+    T* o = out + row * hw;
+    for (int64_t px = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; px < hw;
+         px += static_cast<int64_t>(gridDim.x) * kThreads) {
+      T v;
+      if (ch >= R4) {
+        v = gcls[(b * C + ch - R4) * hw + px] * c[1];
+      } else if (static_rows) {
+        const T* r = rows + (b * A + a0 + px) * 2 * R4;
+        v = r[ch] * c[0] + r[R4 + ch] * c[2];
+      } else {
+        v = c[0] * T(0) + c[2] * T(0);
+      }
+      o[px] = v;
     }
-    out[e] = v;
   }
 }
 
@@ -551,7 +555,8 @@ cudaError_t scale_launch_impl(const BboxMapsScale& s, cudaStream_t st) {
   for (int l = 0; l < s.L; ++l) {
     const int64_t hw = s.hw[l];
     if (s.B * hw > 0) {
-      scale_kernel<T><<<grid_of(s.B * (s.R4 + s.C) * hw), kThreads, 0, st>>>(
+      const dim3 grid(grid_of(hw), static_cast<unsigned>(i64clamp(s.B * (s.R4 + s.C), 1, 65535)));
+      scale_kernel<T><<<grid, kThreads, 0, st>>>(
           static_cast<const T*>(s.gcls[l]), static_cast<const T*>(s.rows), static_cast<const T*>(s.c),
           static_cast<T*>(s.out[l]), s.B, s.C, s.R4, hw, a0, s.A, static_rows);
       YF_CHECK_LAUNCH();
