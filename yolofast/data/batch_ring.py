@@ -120,13 +120,15 @@ def _rebuild(token, items, new_blocks):
         raise RuntimeError("a loader batch arrived after its DataLoader was deleted")
     for slot, block in new_blocks:
         ring.blocks[slot] = block
-    out = {}
+    out, bases = {}, {}
     for k, item in items.items():
         if item[0] == "ring":
             _, slot, shape, stride, offset, dtype = item
-            arr = ring.blocks[slot].numpy()  # a new array: only the tensor below keeps it alive
-            weakref.finalize(arr, _release, ring.held, slot)
-            out[k] = torch.from_numpy(arr).view(dtype).as_strided(shape, stride, offset)
+            if slot not in bases:  # one base per block: its release must wait for every tensor in it
+                arr = ring.blocks[slot].numpy()  # a new array: only the tensors below keep it alive
+                weakref.finalize(arr, _release, ring.held, slot)
+                bases[slot] = torch.from_numpy(arr)
+            out[k] = bases[slot].view(dtype).as_strided(shape, stride, offset)
         elif item[0] == "value":
             out[k] = torch.from_numpy(item[1])
         else:
