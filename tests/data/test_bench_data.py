@@ -16,3 +16,16 @@ def test_bench_data_prints_rates_and_feed(tmp_path, split_factory, capsys):
     assert rc == 0 and "training samples per second per core" in out and "yolofast" in out
     assert "with workers=4" in out and "batch-2 train step faster than" in out
     assert bench_main(["data", "--data", str(tmp_path / "missing.yaml")]) == 2
+
+
+def test_bench_data_loader_table(tmp_path, split_factory, capsys):
+    split_factory(tmp_path, {f"im{i}": "0 0.5 0.5 0.5 0.5\n" for i in range(8)})
+    y = tmp_path / "d.yaml"
+    y.write_text(yaml.safe_dump(dict(path=str(tmp_path), train="images/train", val="images/train",
+                                     names={0: "a"})))
+    rc = bench_main(["data", "--data", str(y), "--imgsz", "64", "--blocks", "1", "--block-size", "2",
+                     "--no-ultralytics", "--batch", "2", "--loader", "2", "--loader-rounds", "2",
+                     "--loader-batches", "3"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "2 alternating rounds of 3 batches" in out and "workers=2" in out
+    assert "CPU seconds per batch, all processes" in out and "nan" not in out

@@ -88,34 +88,51 @@ def measure(engines: dict, blocks: int, block_size: int, seed: int = 0) -> dict:
     return rates
 
 
-def loader_rates(make_dataset, batch: int, workers: tuple, n_batches: int, rounds: int) -> dict:
-    """Batches per wall second of a DataLoader over a fresh dataset per workers value (persistent workers,
-    started and warmed by 2 batches before timing), ``rounds`` alternating timings of ``n_batches``."""
+def loader_rates(make_dataset, batch: int, workers: tuple, n_batches: int, rounds: int) -> tuple:
+    """DataLoader over a fresh dataset per workers value (persistent workers, warmed first by up to 4
+    epochs or 40 batches: each worker fills its own mosaic buffer, and on a set as small as coco128 the
+    buffer ends up holding every image), ``rounds`` alternating rounds of ``n_batches`` each.
+
+    A round starts and ends with every worker idle (its prefetch queue full), so one loader's workers
+    never run during the other's round, and its CPU seconds (main process + workers, /proc) are exactly
+    the cost of the batches it handed out. A workers>0 round first takes the prefetched batches untimed
+    (that restarts the workers) and times the next ``n_batches``: without this a round of 8 batches
+    started with 4 already made, and the other loader's round paid for refilling them.
+
+    -> (batches per wall second, CPU seconds per batch as {"main": [...], "workers": [...]}), per workers
+    value, one entry per round."""
     from yolofast.data import build_dataloader
 
     loaders = {w: build_dataloader(make_dataset(), batch, w, shuffle=True, seed=0) for w in workers}
-    its = {}
-    for w, ld in loaders.items():
-        its[w] = _endless(ld)
-        for _ in range(2):
-            next(its[w])
+    its = {w: _endless(ld) for w, ld in loaders.items()}
+    for w, it in its.items():
+        for _ in range(min(4 * len(loaders[w]), 40) + 1):
+            next(it)
     rates = {w: [] for w in workers}
-    cpu = {w: [] for w in workers}
+    cpu = {w: {"main": [], "workers": []} for w in workers}
     for r in range(rounds):
         for w in (workers if r % 2 == 0 else workers[::-1]):
-            c0, t0 = _cpu_seconds(loaders[w]), time.perf_counter()
+            for ld in loaders.values():
+                _wait_idle(ld)
+            queued = (loaders[w].prefetch_factor or 0) * w
+            m0, k0 = time.process_time(), _worker_seconds(loaders[w])
+            for _ in range(queued):
+                next(its[w])
+            t0 = time.perf_counter()
             for _ in range(n_batches):
                 next(its[w])
             rates[w].append(n_batches / (time.perf_counter() - t0))
-            cpu[w].append((_cpu_seconds(loaders[w]) - c0) / n_batches)
+            _wait_idle(loaders[w])
+            cpu[w]["main"].append((time.process_time() - m0) / (n_batches + queued))
+            cpu[w]["workers"].append((_worker_seconds(loaders[w]) - k0) / (n_batches + queued))
     return rates, cpu
 
 
-def _cpu_seconds(loader) -> float:
-    """CPU seconds used so far by this process and the loader's worker processes (Linux /proc)."""
+def _worker_seconds(loader) -> float:
+    """CPU seconds used so far by the loader's worker processes (Linux /proc; 0 without workers)."""
     import os
 
-    total = time.process_time()
+    total = 0.0
     it = getattr(loader, "_iterator", None)
     for p in getattr(it, "_workers", []) or []:
         try:
@@ -124,6 +141,19 @@ def _cpu_seconds(loader) -> float:
         except (OSError, ValueError, IndexError):
             return float("nan")
     return total
+
+
+def _wait_idle(loader, step: float = 0.05, limit: float = 30.0) -> None:
+    """Until the loader's workers have used no CPU for ``step`` seconds (their prefetch queue is full)."""
+    if not getattr(loader, "num_workers", 0):
+        return
+    prev, t0 = _worker_seconds(loader), time.perf_counter()
+    while time.perf_counter() - t0 < limit:
+        time.sleep(step)
+        cur = _worker_seconds(loader)
+        if cur == prev:
+            return
+        prev = cur
 
 
 def _endless(loader):
@@ -196,6 +226,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="also time augment_device on this device (cuda:0: nvJPEG decode + batched ops)")
     ap.add_argument("--loader", type=int, default=0, metavar="W",
                     help="also time the DataLoader (batches/s, wall clock) at workers=0 against workers=W")
+    ap.add_argument("--loader-rounds", type=int, default=8, help="alternating rounds per loader (default 8)")
+    ap.add_argument("--loader-batches", type=int, default=24, help="timed batches per round (default 24)")
     return ap
 
 
@@ -230,18 +262,24 @@ def bench_data_main(argv: list[str]) -> int:
 def _loader_table(args, train, data):
     import os
 
-    w = (0, args.loader)
+    w, n, rounds = (0, args.loader), args.loader_batches, args.loader_rounds
+    load0 = os.getloadavg()[0]
     lr, cpu = loader_rates(lambda: _yolofast_dataset(train, args.imgsz, args.batch, args.cache or False,
-                                                data["nc"]), args.batch, w, 8, 6)
+                                                data["nc"]), args.batch, w, n, rounds)
     med = {k: statistics.median(v) for k, v in lr.items()}
     ratios = [b / a for a, b in zip(lr[0], lr[args.loader])]
-    print(f"\nDataLoader batches/s (batch {args.batch}, wall clock, {os.cpu_count()} cores, 6 alternating "
-          f"rounds of 8 batches): workers=0 {med[0]:.2f}, workers={args.loader} {med[args.loader]:.2f}, "
-          f"{statistics.median(ratios):.2f}x (range {min(ratios):.2f}-{max(ratios):.2f}); load average "
-          f"{os.getloadavg()[0]:.1f}")
-    c0, cw = statistics.median(cpu[0]), statistics.median(cpu[args.loader])
-    print(f"CPU seconds per batch, all processes: workers=0 {c0:.3f}, workers={args.loader} {cw:.3f}: on "
-          f"{args.loader} free cores workers={args.loader} would reach ~{args.loader * c0 / cw:.2f}x")
+    print(f"\nDataLoader batches/s (batch {args.batch}, wall clock, {os.cpu_count()} cores, {rounds} "
+          f"alternating rounds of {n} batches, each from idle workers): workers=0 {med[0]:.2f}, "
+          f"workers={args.loader} {med[args.loader]:.2f}, {statistics.median(ratios):.2f}x (median of "
+          f"per-round ratios; range {min(ratios):.2f}-{max(ratios):.2f}); load average {load0:.1f} before, "
+          f"{os.getloadavg()[0]:.1f} after")
+    tot = {k: [a + b for a, b in zip(v["main"], v["workers"])] for k, v in cpu.items()}
+    c0, cw = statistics.median(tot[0]), statistics.median(tot[args.loader])
+    print(f"CPU seconds per batch, all processes (median; range): workers=0 {c0:.4f} "
+          f"({min(tot[0]):.4f}-{max(tot[0]):.4f}), workers={args.loader} {cw:.4f} "
+          f"({min(tot[args.loader]):.4f}-{max(tot[args.loader]):.4f}; main process "
+          f"{statistics.median(cpu[args.loader]['main']):.4f}): on {args.loader} free cores "
+          f"workers={args.loader} would reach ~{args.loader * c0 / cw:.2f}x")
 
 
 def _print_table(rates: dict, args, data) -> None:

@@ -53,23 +53,28 @@ def _worker_shared(shape, dtype):
     return torch.empty(0, dtype=dtype).new(storage).view(shape)
 
 
-def collate_fn(batch: list[dict]) -> dict:
+def collate_fn(batch: list[dict], alloc=None) -> dict:
     """Stack dataset samples into the batch dict of the data contract (see yolofast/data/__init__.py).
-    Plans of augment_device samples go into "plans" instead of "img" (preprocess_batch renders them)."""
+    Plans of augment_device samples go into "plans" instead of "img" (preprocess_batch renders them).
+
+    ``alloc(shape, dtype)``, when given, makes the tensor the images are stacked into (loader workers:
+    a reused shared block, ``batch_ring.BatchRing``); else a fresh shared block in a worker, plain memory
+    in the main process."""
     if "plans" in batch[0] or "tiles" in batch[0]:
         out = _targets(batch)
         out["plans"] = [{k: b[k] for k in ("tiles", "canvas", "M", "out", "hsv", "flipud", "fliplr")}
                         for b in batch]
         return out
     imgs = [b["img"] for b in batch]
+    alloc = alloc or _worker_shared
     if all(im.dim() == 3 and im.stride() == (1, 3 * im.shape[2], 3) and im.shape == imgs[0].shape
            for im in imgs):
         # training samples are HWC views: stack the HWC memory (one memcpy each) -> (B, 3, H, W) channels-last
         hwc = [im.permute(1, 2, 0) for im in imgs]
-        out = _worker_shared((len(hwc), *hwc[0].shape), hwc[0].dtype)
+        out = alloc((len(hwc), *hwc[0].shape), hwc[0].dtype)
         imgs = torch.stack(hwc, out=out).permute(0, 3, 1, 2)
     else:
-        imgs = torch.stack(imgs, out=_worker_shared((len(imgs), *imgs[0].shape), imgs[0].dtype))
+        imgs = torch.stack(imgs, out=alloc((len(imgs), *imgs[0].shape), imgs[0].dtype))
     return {"img": imgs, **_targets(batch)}
 
 
