@@ -54,7 +54,11 @@ _COMPILED = {
 }
 # Compiled-only forms: no reference or composed form exists, so a backend without one answers None and the
 # caller runs the op instead (ema_update.plan: ModelEMA's whole step as one call of a torch.classes object).
-_COMPILED_ONLY = {("ema_update.plan", "cpp"): "ema_plan"}
+# ns_orthogonalize.musgd: a whole MuSGD step (momentum, Newton–Schulz, SGD part) in one C++ call (CPU).
+_COMPILED_ONLY = {
+    ("ema_update.plan", "cpp"): "ema_plan",
+    ("ns_orthogonalize.musgd", "cpp"): "ns_orthogonalize_musgd",
+}
 # Compiled forms that decode the head's maps with DFL bins only (reg_max >= 2; a reg_max 1 head would get the
 # composed form on the same backend): none now. The C++ head_decode, tal_assign.maps and bbox_loss.maps read
 # reg_max 1 maps (YOLO26: raw distances) in place too (bbox_loss.maps then takes the L1 geometry as l1_scale).

@@ -239,3 +239,16 @@ def ns_orthogonalize(mats: list[Tensor], steps: int = 5, eps: float = 1e-7,
     ``reference.ns_orthogonalize_ref(m.reshape(m.shape[0], -1))`` in m's shape."""
     _ensure_loaded()
     return torch.ops.yolofast.ns_orthogonalize(list(mats), int(steps), float(eps), bool(fp32))
+
+
+def ns_orthogonalize_musgd(params: list[Tensor], grads: list[Tensor], bufs: list[Tensor],
+                           bufs_sgd: list[Tensor], counts: list[int], lr: list[float], momentum: list[float],
+                           weight_decay: list[float], nesterov: list[bool], use_muon: list[bool], muon: float,
+                           sgd: float, steps: int = 5, eps: float = 1e-7, fp32: bool = False) -> bool:
+    """Compiled MuSGD step in place (CPU, ``_schemas.py``: ``ns_orthogonalize.musgd``): the tensors group
+    after group, per-group hyperparameters; False (nothing touched) where a tensor does not fit it."""
+    _ensure_loaded()
+    return torch.ops.yolofast.ns_orthogonalize.musgd(
+        params, grads, bufs, bufs_sgd, counts, lr, momentum, weight_decay, [int(bool(n)) for n in nesterov],
+        [int(bool(u)) for u in use_muon], float(muon), float(sgd), int(steps), float(eps), bool(fp32))
+

@@ -63,6 +63,13 @@ Ops (tensor shapes as in ``reference.py``):
   ns_orthogonalize(mats[], steps, eps, fp32) -> Tensor[]   Muon's Newton-Schulz NS5 of every mats[i]
       flattened to (size(0), numel/size(0)), each back in its own shape and dtype (contiguous): the list
       grouped by shape, each group one batched bmm/baddbmm per product; bf16 (fp32=True: float32).
+  ns_orthogonalize.musgd(params![], grads[], bufs![], bufs_sgd![], counts, lr, momentum, weight_decay,
+                         nesterov, use_muon, muon, sgd, steps, eps, fp32) -> bool
+      a whole MuSGD step in place (CPU; yolofast/optim/musgd.py's semantics, bit for bit): params, grads
+      and bufs (momentum_buffer) group after group, counts[k] tensors in group k, bufs_sgd the Muon groups'
+      momentum_buffer_SGD in the same order; per group lr, momentum, weight_decay, nesterov (0/1),
+      use_muon (0/1). False, nothing touched, where a tensor is not float32 and dense with the same
+      strides as its grad and buffers: the caller then runs the multi-tensor step.
   _simd_lanes(x) -> int   debug: floats per SIMD vector the CPU build uses (16 AVX-512, 8 AVX2, 4 NEON).
   _threads_seen(x) -> int   debug: distinct threads that ran a kernel chunk since the last call (CPU).
   _bbox_vec_bits(x) -> int  debug: SIMD width in bits the CPU loss kernels were built for (0: scalar).
@@ -121,6 +128,11 @@ _lib.define("ema_update.multi(Tensor(a!)[] ema, Tensor[] model, Tensor decay) ->
 _lib.define("_threads_seen(Tensor x) -> int")
 _lib.define("_simd_lanes(Tensor x) -> int")
 _lib.define("ns_orthogonalize(Tensor[] mats, int steps, float eps, bool fp32) -> Tensor[]")
+_lib.define(
+    "ns_orthogonalize.musgd(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] bufs, Tensor(c!)[] bufs_sgd, "
+    "int[] counts, float[] lr, float[] momentum, float[] weight_decay, int[] nesterov, int[] use_muon, "
+    "float muon, float sgd, int steps, float eps, bool fp32) -> bool"
+)
 
 
 # ---------------------------------------------------------------------------------------------- fake impls

@@ -24,6 +24,7 @@ import os
 import torch
 from torch import Tensor
 
+from yolofast.ops._backend import backend_name, compiled_form
 from yolofast.ops.ns_orthogonalize import ns_orthogonalize
 
 __all__ = ["MuSGD", "default_ns_dtype", "muon_sigma"]
@@ -121,6 +122,8 @@ class MuSGD(torch.optim.Optimizer):
             params = [p for p in group["params"] if p.grad is not None]
             if params:
                 work.append((group, params, [p.grad for p in params], *self._buffers(group, params)))
+        if work and self._fused_step(work):
+            return loss
         # Every Muon matrix of every group in one Newton–Schulz call: shapes shared across groups (the x3
         # class branches repeat the box branches' shapes) batch together. Groups are disjoint, so the
         # order of their updates does not change any value.
@@ -143,6 +146,21 @@ class MuSGD(torch.optim.Optimizer):
             else:
                 _sgd(params, grads, first, lr, mu, decay, nesterov, 1.0)
         return loss
+
+    def _fused_step(self, work) -> bool:
+        """The whole step as one compiled call where the backend has one (the C++ CPU op
+        ``ns_orthogonalize.musgd``: momentum, Newton–Schulz and SGD part in two parallel passes over memory,
+        equal to the multi-tensor path below bit for bit); False where it has none (GPU backends, the
+        reference), where an lr is a tensor (CUDA-graph steps) or where a tensor does not fit it."""
+        dev = work[0][1][0].device.type
+        fn = compiled_form("ns_orthogonalize.musgd", backend_name("ns_orthogonalize", dev))
+        if fn is None or any(torch.is_tensor(w[0]["lr"]) for w in work):
+            return False
+        tensors = [[p for w in work for p in w[i]] for i in (1, 2, 3)]
+        second = [p for w in work if w[0]["use_muon"] for p in w[4]]
+        hyper = ([w[0][k] for w in work] for k in ("lr", "momentum", "weight_decay", "nesterov", "use_muon"))
+        return fn(*tensors, second, [len(w[1]) for w in work], *hyper, self.muon, self.sgd, 5, 1e-7,
+                  self.ns_dtype == torch.float32)
 
 
 def _add_scaled(params: list[Tensor], updates: list[Tensor], lr, weight: float) -> None:
