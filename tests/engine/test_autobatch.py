@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from tiny_models import tiny
 
 from yolofast.data import build_dataset, check_data, make_shapes
 from yolofast.engine.autobatch import (
@@ -178,3 +179,17 @@ def test_cuda_profile_real():
     assert f"AutoBatch: batch {b} for 60% of" in text
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), params))
     assert all(p.grad is None for p in model.parameters())
+
+
+@pytest.mark.parametrize("family", ["yolo11", "yolo26"])
+def test_autobatch_step_takes_the_family_head_output(family):
+    """AutoBatch's profiling step (forward, fp32 loss, backward) with the family's criterion: YOLO26's head
+    output is a dict of branches, not a list of maps."""
+    from yolofast.engine.autobatch import _train_step
+    from yolofast.loss import criterion_for
+    from yolofast.nn import build_model
+
+    model = build_model(tiny(family), nc=3).train()
+    _train_step(model, criterion_for(model), 64, 2, 4, torch.device("cpu"))
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)

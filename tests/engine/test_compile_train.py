@@ -8,6 +8,7 @@ import copy
 
 import pytest
 import torch
+from tiny_models import tiny
 
 from yolofast.data import make_shapes
 from yolofast.engine.compile import ScaledLoss, compile_mode, train_step_modules
@@ -88,3 +89,32 @@ def test_trainer_compile_epoch_validates_uncompiled_ema(tmp_path):
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 2  # model + loss graphs were built
     assert not hasattr(t.ema.ema, "_orig_mod") and t.validator.loss is t.criterion  # validation: eager
     assert "metrics/mAP50-95(B)" in m and (tmp_path / "c" / "weights" / "last.pt").exists()
+
+
+@pytest.mark.parametrize("family", ["yolo11", "yolo26"])
+def test_compiled_step_fullgraph_equals_eager_families(family):
+    """fullgraph=True: a graph break anywhere in the model or the family's criterion raises."""
+    from yolofast.engine.compile import train_step_modules
+    from yolofast.loss import criterion_for, fp32_preds
+    from yolofast.nn import build_model
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = build_model(tiny(family), nc=3).train()
+    crit = criterion_for(model)
+    img, batch = _batch()
+
+    def step(m, loss_fn):
+        m.zero_grad(set_to_none=True)
+        total, items = loss_fn(fp32_preds(m(img)), batch)
+        total.backward()
+        return total.detach(), items, [p.grad.clone() for p in m.parameters() if p.grad is not None]
+
+    ref = step(model, crit)
+    got = step(*train_step_modules(model, crit, torch.device("cpu"), compile="aot_eager"))
+    torch._dynamo.reset()
+    torch.testing.assert_close(got[0], ref[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[1], ref[1], rtol=1e-5, atol=1e-5)
+    assert len(got[2]) == len(ref[2]) > 0
+    for a, b in zip(got[2], ref[2]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

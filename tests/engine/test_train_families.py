@@ -15,26 +15,13 @@ import sys
 import numpy as np
 import pytest
 import torch
-import yaml
+from tiny_models import tiny as _tiny
 
 from yolofast import Trainer
 from yolofast.data import make_shapes
 from yolofast.engine.checkpoint import load_checkpoint
 from yolofast.engine.loggers import RESULTS_COLUMNS, results_columns
 from yolofast.loss import DetectionLoss, E2EDetectionLoss
-
-
-def _tiny(family: str) -> dict:
-    """The family's Ultralytics-format yaml at a tiny width (about 0.16 M parameters for YOLO26)."""
-    from pathlib import Path
-
-    import yolofast.nn
-
-    d = yaml.safe_load((Path(yolofast.nn.__file__).parent / "cfg" / f"{family}.yaml").read_text())
-    d.pop("scales", None)
-    d.update(depth_multiple=0.33, width_multiple=0.125, max_channels=256)
-    return d
-
 
 FAST = dict(imgsz=64, batch=4, workers=0, verbose=False, plots=False)
 
