@@ -125,12 +125,16 @@ inline void back(const uint8_t* __restrict h, const uint8_t* __restrict s, const
     const int q1 = to_byte<kRound>(vv * (1.0f - ss));
     const int q2 = to_byte<kRound>(vv * std::fma(-ss, f, 1.0f));
     const int q3 = to_byte<kRound>(vv * std::fma(-ss, 1.0f - f, 1.0f));
-    // OpenCV's sector table {b, g, r} in tab: {1,3,0} {1,0,2} {3,0,1} {0,2,1} {0,1,3} {2,1,0}. Selected
-    // with masks: GCC does not if-convert these ternaries, and the loop then stays scalar (3x slower).
-    auto sel = [](int c, int a, int b) { return b ^ ((a ^ b) & -c); };
-    const int cb = sel(k <= 1, q1, sel(k == 2, q3, sel(k == 5, q2, q0)));
-    const int cg = sel(k == 0, q3, sel(k == 3, q2, sel(k >= 4, q1, q0)));
-    const int cr = sel(k == 1, q2, sel((k == 2) | (k == 3), q1, sel(k == 4, q3, q0)));
+    // OpenCV's sector table {b, g, r} in tab: {1,3,0} {1,0,2} {3,0,1} {0,2,1} {0,1,3} {2,1,0}. The four
+    // bytes packed in one int; each channel shifts out the byte its column names (2 bits per sector in a
+    // constant): no select chain (GCC if-converts none of these ternaries, the loop then stays scalar),
+    // 0.60 -> 0.55 ms at 640x640 over 9 mask selects.
+    const unsigned packed = static_cast<unsigned>(q0) | static_cast<unsigned>(q1) << 8 |
+                            static_cast<unsigned>(q2) << 16 | static_cast<unsigned>(q3) << 24;
+    const unsigned sh = 2u * static_cast<unsigned>(k);
+    const int cb = static_cast<int>((packed >> (((0x835u >> sh) & 3u) * 8u)) & 255u);
+    const int cg = static_cast<int>((packed >> (((0x583u >> sh) & 3u) * 8u)) & 255u);
+    const int cr = static_cast<int>((packed >> (((0x358u >> sh) & 3u) * 8u)) & 255u);
     bo[i] = static_cast<uint8_t>(cb);
     go[i] = static_cast<uint8_t>(cg);
     ro[i] = static_cast<uint8_t>(cr);
