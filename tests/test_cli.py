@@ -30,6 +30,7 @@ def test_info(capsys):
     assert torch.__version__ in out and "python" in out and "threads" in out
     for op in ("tal_assign", "bbox_loss", "ema_update"):
         assert op in out
+    assert "data loader HSV augmentation: " in out  # which implementation the loader runs, and why
 
 
 def test_parse_values():

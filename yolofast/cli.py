@@ -322,7 +322,24 @@ def cmd_info(argv) -> int:
         print(f"\nbackends on {dev}:")
         for op, chosen, why in _backend.describe(dev):
             print(f"  {op:<12} {chosen:<7} {why}")
+    print(f"\ndata loader HSV augmentation: {_hsv_line()}")
     return 0
+
+
+def _hsv_line() -> str:
+    """Which HSV implementation the training loader runs (the compiled one-pass kernel or OpenCV), and why."""
+    from yolofast.data import augment
+    from yolofast.ops import _backend
+
+    try:
+        which = augment.hsv_backend()
+    except _backend.BackendUnavailable as e:
+        return f"error ({e})"
+    if which == "cpp":
+        return "cpp (one-pass C++ kernel, the same bytes as OpenCV)"
+    why = _backend.availability("hsv_augment", "cpp", "cpu")[1]
+    forced = _backend.requested_backend("hsv_augment")[0] == "ref"
+    return "ref (OpenCV: " + ("asked for" if forced else f"no kernel: {why}") + ")"
 
 
 def cmd_build(argv) -> int:

@@ -10,6 +10,9 @@ import math
 
 import cv2
 import numpy as np
+import torch
+
+from yolofast.ops import _backend, _library
 
 PAD = 114  # grey fill of letterbox/mosaic/affine borders (Ultralytics value)
 
@@ -243,15 +246,52 @@ def augment_hsv(img: np.ndarray, rng, hgain=0.5, sgain=0.5, vgain=0.5, to_rgb: b
     colour swap rides on the conversion back from HSV for free). Never in place: the input may be a
     RAM-cached image.
 
-    BGR->HSV, one 3-channel LUT (hue x gain mod 180, saturation and value x gain clipped), HSV->BGR/RGB:
-    the same pixels as a LUT per split channel, in 2.4 ms instead of 5.4 ms at 640x640 (AMD EPYC, 1 thread).
+    One draw of 3 gains (``hsv_gains``), their tables (``hsv_luts``), then the compiled one-pass kernel
+    where the C++ extension has it (``hsv_backend``), else OpenCV (``hsv_apply_opencv``, the reference):
+    the same bytes either way (tested on all 2^24 colours), 0.5 ms vs 1.7 ms at 640x640 (AMD EPYC Zen 4,
+    1 thread).
     """
     if not (hgain or sgain or vgain):
         return cv2.cvtColor(img, cv2.COLOR_BGR2RGB) if to_rgb else img
-    r = hsv_gains(rng, hgain, sgain, vgain)
+    lut = hsv_luts(hsv_gains(rng, hgain, sgain, vgain))
+    if hsv_backend() == "cpp":
+        return hsv_apply_compiled(img, lut, to_rgb)
+    return hsv_apply_opencv(img, lut, to_rgb)
+
+
+def hsv_apply_opencv(img: np.ndarray, lut: np.ndarray, to_rgb: bool = False) -> np.ndarray:
+    """The reference: BGR->HSV, one 3-channel LUT (hue x gain mod 180, saturation and value x gain clipped),
+    HSV->BGR/RGB: the same pixels as a LUT per split channel, in 1.7-2.4 ms instead of 5.4 ms at 640x640."""
     hsv = cv2.cvtColor(img, cv2.COLOR_BGR2HSV)
-    cv2.LUT(hsv, hsv_luts(r).reshape(256, 1, 3), dst=hsv)
+    cv2.LUT(hsv, lut.reshape(256, 1, 3), dst=hsv)
     return cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB if to_rgb else cv2.COLOR_HSV2BGR)
+
+
+def hsv_apply_compiled(img: np.ndarray, lut: np.ndarray, to_rgb: bool = False) -> np.ndarray:
+    """``hsv_apply_opencv`` in one pass by the C++ kernel (``yolofast::hsv_augment``): the same bytes."""
+    if not (img.flags.c_contiguous and img.flags.writeable):  # torch.from_numpy warns on read-only arrays
+        img = np.array(img, order="C")
+    out = _library.hsv_augment(torch.from_numpy(img), torch.from_numpy(lut), to_rgb)
+    return out.numpy()
+
+
+_HSV_CHOICE: dict[str, str] = {}  # requested backend -> the one that runs (the availability check once)
+
+
+def hsv_backend() -> str:
+    """Which HSV implementation ``augment_hsv`` runs: "cpp" (the compiled kernel) when the C++ extension has
+    it, else "ref" (OpenCV). ``YOLOFAST_BACKEND_HSV_AUGMENT=ref`` (or ``YOLOFAST_BACKEND=ref``, or
+    ``yolofast.ops.backend("ref")``) forces OpenCV; ``cpp`` forces the kernel and is an error where it is
+    missing. A failed build has already warned once (the ops' rule), so "auto" falls back quietly."""
+    name, where = _backend.requested_backend("hsv_augment")
+    if name not in ("ref", "cpp"):
+        name = "auto"  # cuda / triton name device kernels; the loader's HSV runs on the CPU
+    if name not in _HSV_CHOICE:
+        ok, why = (True, "") if name == "ref" else _backend.availability("hsv_augment", "cpp", "cpu")
+        if name == "cpp" and not ok:
+            raise _backend.BackendUnavailable(f"{where} asks for backend 'cpp' for hsv_augment, but: {why}")
+        _HSV_CHOICE[name] = "cpp" if ok and name != "ref" else "ref"
+    return _HSV_CHOICE[name]
 
 
 def flip_lr(img, boxes):

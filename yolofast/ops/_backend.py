@@ -51,6 +51,9 @@ _COMPILED = {
     ("head_decode.boxes", "cpp"): "head_decode_boxes",
     ("ns_orthogonalize", "cpp"): "ns_orthogonalize",
     ("ns_orthogonalize", "cuda"): "ns_orthogonalize",
+    # the data pipeline's fused HSV augmentation; its reference is OpenCV (yolofast.data.augment), which picks
+    # between the two with availability() and requested_backend(): not one of OPS
+    ("hsv_augment", "cpp"): "hsv_augment",
 }
 # Compiled-only forms: no reference or composed form exists, so a backend without one answers None and the
 # caller runs the op instead (ema_update.plan: ModelEMA's whole step as one call of a torch.classes object).

@@ -252,3 +252,9 @@ def ns_orthogonalize_musgd(params: list[Tensor], grads: list[Tensor], bufs: list
         params, grads, bufs, bufs_sgd, counts, lr, momentum, weight_decay, [int(bool(n)) for n in nesterov],
         [int(bool(u)) for u in use_muon], float(muon), float(sgd), int(steps), float(eps), bool(fp32))
 
+
+def hsv_augment(img: Tensor, lut: Tensor, rgb: bool) -> Tensor:
+    """Compiled fused HSV augmentation (``_schemas.py``): BGR uint8 (..., 3) -> a new RGB (``rgb``) or BGR
+    image, the same bytes as ``yolofast.data.augment.augment_hsv``'s OpenCV path with the tables ``lut``."""
+    _ensure_loaded()
+    return torch.ops.yolofast.hsv_augment(img, lut, bool(rgb))
