@@ -4,9 +4,11 @@ a fresh block per batch, and a block is never written again while the main proce
 import gc
 import itertools
 import pickle
+from multiprocessing.reduction import ForkingPickler
 
 import pytest
 import torch
+import torch.multiprocessing  # noqa: F401  registers torch's reductions: shared storages go by reference
 
 from yolofast.data import build_dataloader, build_dataset, collate_fn
 from yolofast.data.batch_ring import BatchRing
@@ -87,7 +89,7 @@ def test_ring_batch_round_trip_and_release_in_one_process(monkeypatch):
                 "bboxes": torch.rand(1, 4), "im_file": f"{v}.jpg", "ori_shape": (8, 8)} for v in (1, 2)]
     sent = ring(samples)
     assert ring.held.tolist() == [1, 0]
-    got = pickle.loads(pickle.dumps(sent))  # the main side (between processes the block goes by fd)
+    got = pickle.loads(ForkingPickler.dumps(sent))  # the main side, as the DataLoader sends it
     want = collate_fn(samples)
     assert all(torch.equal(got[k], want[k]) for k in KEYS) and got["im_file"] == ["1.jpg", "2.jpg"]
     view = got["img"][1]
@@ -97,3 +99,25 @@ def test_ring_batch_round_trip_and_release_in_one_process(monkeypatch):
     del view
     gc.collect()
     assert ring.held.tolist() == [0, 0]
+
+
+def test_a_larger_batch_gets_a_larger_block(monkeypatch):
+    """Rect batches change shape: a block too small for the next batch is replaced (and sent again)."""
+    import yolofast.data.batch_ring as R
+
+    class Info:
+        id = 0
+    ring = BatchRing(collate_fn, workers=1, slots=1)
+    monkeypatch.setattr(R, "get_worker_info", lambda: Info)
+
+    def sample(v, h, w):
+        return {"img": torch.full((3, h, w), v, dtype=torch.uint8), "cls": torch.zeros(0, 1),
+                "bboxes": torch.zeros(0, 4), "im_file": "x.jpg", "ori_shape": (h, w)}
+    for v, (h, w) in enumerate([(8, 8), (8, 16), (4, 8), (16, 16)]):
+        samples = [sample(v, h, w), sample(v + 1, h, w)]
+        got = pickle.loads(ForkingPickler.dumps(ring(samples)))
+        assert torch.equal(got["img"], collate_fn(samples)["img"]) and ring.held.tolist() == [1]
+        del got
+        gc.collect()
+        assert ring.held.tolist() == [0]
+    assert ring._own[0].numel() == 2 * 3 * 16 * 16 and int(ring.fresh[0]) == 0

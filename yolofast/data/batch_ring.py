@@ -77,8 +77,9 @@ class BatchRing:
                 continue
             block = self._own.get(slot)
             new = block is None or block.numel() < nbytes
-            if new:  # first use, or a larger batch than the block has seen (rect shapes): a new block
-                block = self._own[slot] = _fresh_block(nbytes)
+            if new:  # first use, or a larger batch than the block has seen (rect shapes): a new block,
+                # whole 64-byte units so that the main process can view all of it as any dtype
+                block = self._own[slot] = _fresh_block(-(-nbytes // 64) * 64)
             held[slot] = 1
             taken.append((slot, block, new))
             return block[:nbytes].view(dtype).view(shape)

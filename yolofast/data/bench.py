@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["bench_data_main", "cpu_name", "measure"]
+__all__ = ["bench_data_main", "cpu_name", "loader_rates", "loader_rounds", "measure"]
 
 
 def cpu_name() -> str:
@@ -104,27 +104,33 @@ def loader_rates(make_dataset, batch: int, workers: tuple, n_batches: int, round
     from yolofast.data import build_dataloader
 
     loaders = {w: build_dataloader(make_dataset(), batch, w, shuffle=True, seed=0) for w in workers}
-    its = {w: _endless(ld) for w, ld in loaders.items()}
-    for w, it in its.items():
-        for _ in range(min(4 * len(loaders[w]), 40) + 1):
+    return loader_rounds(loaders, n_batches, rounds)
+
+
+def loader_rounds(loaders: dict, n_batches: int, rounds: int) -> tuple:
+    """``loader_rates`` over given DataLoaders (name -> loader; each with an EpochSampler)."""
+    names = list(loaders)
+    its = {k: _endless(ld) for k, ld in loaders.items()}
+    for k, it in its.items():
+        for _ in range(min(4 * len(loaders[k]), 40) + 1):
             next(it)
-    rates = {w: [] for w in workers}
-    cpu = {w: {"main": [], "workers": []} for w in workers}
+    rates = {k: [] for k in names}
+    cpu = {k: {"main": [], "workers": []} for k in names}
     for r in range(rounds):
-        for w in (workers if r % 2 == 0 else workers[::-1]):
+        for k in (names if r % 2 == 0 else names[::-1]):
             for ld in loaders.values():
                 _wait_idle(ld)
-            queued = (loaders[w].prefetch_factor or 0) * w
-            m0, k0 = time.process_time(), _worker_seconds(loaders[w])
+            queued = (loaders[k].prefetch_factor or 0) * loaders[k].num_workers
+            m0, k0 = time.process_time(), _worker_seconds(loaders[k])
             for _ in range(queued):
-                next(its[w])
+                next(its[k])
             t0 = time.perf_counter()
             for _ in range(n_batches):
-                next(its[w])
-            rates[w].append(n_batches / (time.perf_counter() - t0))
-            _wait_idle(loaders[w])
-            cpu[w]["main"].append((time.process_time() - m0) / (n_batches + queued))
-            cpu[w]["workers"].append((_worker_seconds(loaders[w]) - k0) / (n_batches + queued))
+                next(its[k])
+            rates[k].append(n_batches / (time.perf_counter() - t0))
+            _wait_idle(loaders[k])
+            cpu[k]["main"].append((time.process_time() - m0) / (n_batches + queued))
+            cpu[k]["workers"].append((_worker_seconds(loaders[k]) - k0) / (n_batches + queued))
     return rates, cpu
 
 
