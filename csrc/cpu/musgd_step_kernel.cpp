@@ -32,6 +32,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <tuple>
@@ -297,6 +298,42 @@ bool collect(at::TensorList params, at::TensorList grads, at::TensorList bufs, a
   return true;
 }
 
+// NS5 of every group. With several threads, whole groups run side by side, one per thread (largest first,
+// each taking the next when done), their products single-threaded, instead of each product being split
+// across the threads: yolo26n's 41 groups are 615 products of 16x27 to 256x1152, and splitting each one
+// costs a fork/join and a copy per call (baddbmm copies its addend) that, on the 2-core AMD EPYC Zen 4,
+// made the step at 2 threads 1.34x the 2-thread bmm floor in CPU time. A group costing more than
+// 1/(2 x threads) of the whole (none in yolo26n/s) still runs alone on all threads first. The products
+// are the same whatever the thread count (oneDNN's bf16 GEMM over every YOLO11/YOLO26 Muon shape, 1 vs
+// 2 threads: equal bit for bit), so this changes no value.
+std::vector<at::Tensor> orthogonalize_groups(const std::vector<at::Tensor>& batches, int64_t steps, double eps) {
+  const int64_t n = static_cast<int64_t>(batches.size()), threads = at::get_num_threads();
+  std::vector<at::Tensor> ys(n);
+  std::vector<double> cost(n);
+  double total = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    const double m = static_cast<double>(std::min(batches[k].size(1), batches[k].size(2)));
+    const double w = static_cast<double>(std::max(batches[k].size(1), batches[k].size(2)));
+    cost[k] = static_cast<double>(batches[k].size(0)) * (20 * m * m * w + 10 * m * m * m);
+    total += cost[k];
+  }
+  std::vector<int64_t> order;
+  for (int64_t k = 0; k < n; ++k) {
+    if (threads <= 1 || at::in_parallel_region() || cost[k] * 2 * threads > total)
+      ys[k] = yolofast_ns::newton_schulz(batches[k], steps, eps);
+    else
+      order.push_back(k);
+  }
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return cost[a] > cost[b]; });
+  std::atomic<size_t> next{0};
+  at::parallel_for(0, std::min<int64_t>(threads, static_cast<int64_t>(order.size())), 1, [&](int64_t, int64_t) {
+    note_thread();
+    for (size_t i; (i = next.fetch_add(1)) < order.size();)
+      ys[order[i]] = yolofast_ns::newton_schulz(batches[order[i]], steps, eps);
+  });
+  return ys;
+}
+
 template <typename X>
 void run_step(std::vector<Item>& items, const std::vector<at::Tensor>& muon_p, int64_t steps, double eps) {
   // Shape groups of the Muon tensors (as ns_orthogonalize groups them) and each one's batch.
@@ -324,8 +361,7 @@ void run_step(std::vector<Item>& items, const std::vector<at::Tensor>& muon_p, i
     else
       sgd_span(t, lo, hi);
   });
-  std::vector<at::Tensor> ys(batches.size());
-  for (size_t k = 0; k < batches.size(); ++k) ys[k] = yolofast_ns::newton_schulz(batches[k], steps, eps);
+  const std::vector<at::Tensor> ys = orthogonalize_groups(batches, steps, eps);
   sweep(muon, [&](const Item& t, int64_t lo, int64_t hi) { update_span<X>(t, ys[t.batch], lo, hi); });
 }
 
