@@ -91,6 +91,20 @@ def test_shapes_strides_and_draws(shape):
     np.testing.assert_array_equal(A.hsv_apply_compiled(view, lut, True), A.hsv_apply_opencv(view, lut, True))
 
 
+def test_scalar_tail_follows_opencvs_vector_step():
+    """The last width % step pixels of each row are rounded, the others truncated, step being OpenCV's pixels
+    per vector step (64 with AVX-512 here; 32 on an AVX2 CPU): a 96-pixel row with step 32 has no tail, so
+    it is the first 96 pixels of a 128-pixel row with step 64."""
+    _kernel_or_skip()
+    img = np.random.default_rng(4).integers(0, 256, (5, 128, 3), dtype=np.uint8)
+    lut = torch.from_numpy(A.hsv_luts(np.array([1.0, 1.0, 1.0])))
+    wide = torch.ops.yolofast.hsv_augment(torch.from_numpy(img), lut, True, 64)
+    narrow = torch.ops.yolofast.hsv_augment(torch.from_numpy(img[:, :96].copy()), lut, True, 32)
+    assert torch.equal(narrow, wide[:, :96])
+    tail = torch.ops.yolofast.hsv_augment(torch.from_numpy(img[:, :96].copy()), lut, True, 64)
+    assert not torch.equal(tail[:, 64:], wide[:, 64:96])  # identity tables: rounding lifts ~75 % of colours
+
+
 def test_bad_tables_are_refused():
     _kernel_or_skip()
     img = np.zeros((4, 4, 3), np.uint8)

@@ -61,9 +61,10 @@ Ops (tensor shapes as in ``reference.py``):
   ns_orthogonalize(mats[], steps, eps, fp32) -> Tensor[]   Muon's Newton-Schulz NS5 of every mats[i]
       flattened to (size(0), numel/size(0)), each back in its own shape and dtype (contiguous): the list
       grouped by shape, each group one batched bmm/baddbmm per product; bf16 (fp32=True: float32).
-  hsv_augment(img, lut, rgb) -> Tensor   the training HSV augmentation of a BGR uint8 image (..., 3) in one
-      pass (CPU): OpenCV's 8-bit BGR->HSV, lut (256, 3) uint8 hue/sat/val tables, HSV->RGB (rgb) or BGR;
-      the same bytes as yolofast.data.augment.augment_hsv's OpenCV path (a new tensor of img's shape).
+  hsv_augment(img, lut, rgb, step=64) -> Tensor   the training HSV augmentation of a BGR uint8 image (..., 3)
+      in one pass (CPU): OpenCV's 8-bit BGR->HSV, lut (256, 3) uint8 hue/sat/val tables, HSV->RGB (rgb) or
+      BGR; the same bytes as yolofast.data.augment.augment_hsv's OpenCV path (a new tensor of img's shape)
+      when step is OpenCV's pixels per vector step on this CPU (64 AVX-512, 32 AVX2, 16 SSE).
   _simd_lanes(x) -> int   debug: floats per SIMD vector the CPU build uses (16 AVX-512, 8 AVX2, 4 NEON).
   _threads_seen(x) -> int   debug: distinct threads that ran a kernel chunk since the last call (CPU).
   _bbox_vec_bits(x) -> int  debug: SIMD width in bits the CPU loss kernels were built for (0: scalar).
@@ -122,7 +123,7 @@ _lib.define("ema_update.multi(Tensor(a!)[] ema, Tensor[] model, Tensor decay) ->
 _lib.define("_threads_seen(Tensor x) -> int")
 _lib.define("_simd_lanes(Tensor x) -> int")
 _lib.define("ns_orthogonalize(Tensor[] mats, int steps, float eps, bool fp32) -> Tensor[]")
-_lib.define("hsv_augment(Tensor img, Tensor lut, bool rgb) -> Tensor")
+_lib.define("hsv_augment(Tensor img, Tensor lut, bool rgb, int step=64) -> Tensor")
 
 
 # ---------------------------------------------------------------------------------------------- fake impls
@@ -236,7 +237,7 @@ def _head_decode_boxes_fake(feats, strides, reg_max):
 
 
 @torch.library.register_fake("yolofast::hsv_augment", lib=_lib)
-def _hsv_augment_fake(img, lut, rgb):
+def _hsv_augment_fake(img, lut, rgb, step=64):
     return torch.empty_like(img, memory_format=torch.contiguous_format)
 
 
