@@ -68,6 +68,22 @@ def test_all_colours_avx2_build():
     assert res.returncode == 0 and "BAD []" in res.stdout, res.stdout + res.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="x86-64 ISA levels")
+def test_generic_build_leaves_the_kernel_out():
+    """A generic x86-64 build (no FMA instruction: the kernel would be ~6x slower than OpenCV) compiles the
+    source without registering the op, so the loader runs OpenCV and says why."""
+    code = ("import numpy as np\nfrom yolofast.data import augment as A\nfrom yolofast.ops import _build\n"
+            "assert _build.extension_status('cpp')[0]\nprint('BACKEND', A.hsv_backend())\n"
+            "img = np.zeros((8, 8, 3), np.uint8)\n"
+            "out = A.augment_hsv(img, np.random.default_rng(0), 0.5, 0.5, 0.5, to_rgb=True)\n"
+            "assert out.shape == img.shape\n")
+    env = {**os.environ, "YOLOFAST_CPU_ARCH": "x86-64"}
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=900)
+    assert res.returncode == 0 and "BACKEND ref" in res.stdout, res.stdout + res.stderr
+
+
 @pytest.mark.parametrize("shape", [(1, 1, 3), (7, 13, 3), (480, 640, 3), (3, 1000, 3)])
 def test_shapes_strides_and_draws(shape):
     """Odd sizes (tails of the 64-pixel groups and 256-pixel blocks), a non-contiguous input, RGB and BGR,
