@@ -68,6 +68,22 @@ def test_all_colours_avx2_build():
     assert res.returncode == 0 and "BAD []" in res.stdout, res.stdout + res.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="x86-64 ISA levels")
+def test_generic_build_leaves_the_kernel_out():
+    """A generic x86-64 build (no FMA instruction: the kernel would be ~6x slower than OpenCV) compiles the
+    source without registering the op, so the loader runs OpenCV and says why."""
+    code = ("import numpy as np\nfrom yolofast.data import augment as A\nfrom yolofast.ops import _build\n"
+            "assert _build.extension_status('cpp')[0]\nprint('BACKEND', A.hsv_backend())\n"
+            "img = np.zeros((8, 8, 3), np.uint8)\n"
+            "out = A.augment_hsv(img, np.random.default_rng(0), 0.5, 0.5, 0.5, to_rgb=True)\n"
+            "assert out.shape == img.shape\n")
+    env = {**os.environ, "YOLOFAST_CPU_ARCH": "x86-64"}
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=900)
+    assert res.returncode == 0 and "BACKEND ref" in res.stdout, res.stdout + res.stderr
+
+
 @pytest.mark.parametrize("shape", [(1, 1, 3), (7, 13, 3), (480, 640, 3), (3, 1000, 3)])
 def test_shapes_strides_and_draws(shape):
     """Odd sizes (tails of the 64-pixel groups and 256-pixel blocks), a non-contiguous input, RGB and BGR,
@@ -89,6 +105,20 @@ def test_shapes_strides_and_draws(shape):
                                   A.hsv_apply_opencv(view, lut, False))
     view.flags.writeable = False
     np.testing.assert_array_equal(A.hsv_apply_compiled(view, lut, True), A.hsv_apply_opencv(view, lut, True))
+
+
+def test_scalar_tail_follows_opencvs_vector_step():
+    """The last width % step pixels of each row are rounded, the others truncated, step being OpenCV's pixels
+    per vector step (64 with AVX-512 here; 32 on an AVX2 CPU): a 96-pixel row with step 32 has no tail, so
+    it is the first 96 pixels of a 128-pixel row with step 64."""
+    _kernel_or_skip()
+    img = np.random.default_rng(4).integers(0, 256, (5, 128, 3), dtype=np.uint8)
+    lut = torch.from_numpy(A.hsv_luts(np.array([1.0, 1.0, 1.0])))
+    wide = torch.ops.yolofast.hsv_augment(torch.from_numpy(img), lut, True, 64)
+    narrow = torch.ops.yolofast.hsv_augment(torch.from_numpy(img[:, :96].copy()), lut, True, 32)
+    assert torch.equal(narrow, wide[:, :96])
+    tail = torch.ops.yolofast.hsv_augment(torch.from_numpy(img[:, :96].copy()), lut, True, 64)
+    assert not torch.equal(tail[:, 64:], wide[:, 64:96])  # identity tables: rounding lifts ~75 % of colours
 
 
 def test_bad_tables_are_refused():

@@ -271,8 +271,22 @@ def hsv_apply_compiled(img: np.ndarray, lut: np.ndarray, to_rgb: bool = False) -
     """``hsv_apply_opencv`` in one pass by the C++ kernel (``yolofast::hsv_augment``): the same bytes."""
     if not (img.flags.c_contiguous and img.flags.writeable):  # torch.from_numpy warns on read-only arrays
         img = np.array(img, order="C")
-    out = _library.hsv_augment(torch.from_numpy(img), torch.from_numpy(lut), to_rgb)
+    out = _library.hsv_augment(torch.from_numpy(img), torch.from_numpy(lut), to_rgb, opencv_step())
     return out.numpy()
+
+
+def opencv_step() -> int:
+    """OpenCV's pixels per vector step in its HSV->BGR code on this CPU (the widest ISA it dispatches): the
+    last ``width % step`` pixels of each row go through its scalar code, which rounds where the vector code
+    truncates, and the kernel follows. 64 measured here (AVX-512); 32 (AVX2) and 16 (SSE) by the same rule."""
+    if not _OPENCV_STEP:
+        avx512, avx2 = (cv2.checkHardwareSupport(f) for f in (_CV_CPU_AVX512_SKX, _CV_CPU_AVX2))
+        _OPENCV_STEP.append(64 if avx512 else 32 if avx2 else 16)
+    return _OPENCV_STEP[0]
+
+
+_OPENCV_STEP: list[int] = []
+_CV_CPU_AVX2, _CV_CPU_AVX512_SKX = 11, 256  # OpenCV's CpuFeatures ids (cv2 5 exports no CPU_* names)
 
 
 _HSV_CHOICE: dict[str, str] = {}  # requested backend -> the one that runs (the availability check once)

@@ -253,8 +253,9 @@ def ns_orthogonalize_musgd(params: list[Tensor], grads: list[Tensor], bufs: list
         [int(bool(u)) for u in use_muon], float(muon), float(sgd), int(steps), float(eps), bool(fp32))
 
 
-def hsv_augment(img: Tensor, lut: Tensor, rgb: bool) -> Tensor:
+def hsv_augment(img: Tensor, lut: Tensor, rgb: bool, step: int = 64) -> Tensor:
     """Compiled fused HSV augmentation (``_schemas.py``): BGR uint8 (..., 3) -> a new RGB (``rgb``) or BGR
-    image, the same bytes as ``yolofast.data.augment.augment_hsv``'s OpenCV path with the tables ``lut``."""
+    image, the same bytes as ``yolofast.data.augment.augment_hsv``'s OpenCV path with the tables ``lut``
+    (``step``: OpenCV's pixels per vector step on this CPU)."""
     _ensure_loaded()
-    return torch.ops.yolofast.hsv_augment(img, lut, bool(rgb))
+    return torch.ops.yolofast.hsv_augment(img, lut, bool(rgb), int(step))

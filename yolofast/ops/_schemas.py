@@ -70,9 +70,10 @@ Ops (tensor shapes as in ``reference.py``):
       momentum_buffer_SGD in the same order; per group lr, momentum, weight_decay, nesterov (0/1),
       use_muon (0/1). False, nothing touched, where a tensor is not float32 and dense with the same
       strides as its grad and buffers: the caller then runs the multi-tensor step.
-  hsv_augment(img, lut, rgb) -> Tensor   the training HSV augmentation of a BGR uint8 image (..., 3) in one
-      pass (CPU): OpenCV's 8-bit BGR->HSV, lut (256, 3) uint8 hue/sat/val tables, HSV->RGB (rgb) or BGR;
-      the same bytes as yolofast.data.augment.augment_hsv's OpenCV path (a new tensor of img's shape).
+  hsv_augment(img, lut, rgb, step=64) -> Tensor   the training HSV augmentation of a BGR uint8 image (..., 3)
+      in one pass (CPU): OpenCV's 8-bit BGR->HSV, lut (256, 3) uint8 hue/sat/val tables, HSV->RGB (rgb) or
+      BGR; the same bytes as yolofast.data.augment.augment_hsv's OpenCV path (a new tensor of img's shape)
+      when step is OpenCV's pixels per vector step on this CPU (64 AVX-512, 32 AVX2, 16 SSE).
   _simd_lanes(x) -> int   debug: floats per SIMD vector the CPU build uses (16 AVX-512, 8 AVX2, 4 NEON).
   _threads_seen(x) -> int   debug: distinct threads that ran a kernel chunk since the last call (CPU).
   _bbox_vec_bits(x) -> int  debug: SIMD width in bits the CPU loss kernels were built for (0: scalar).
@@ -136,7 +137,7 @@ _lib.define(
     "int[] counts, float[] lr, float[] momentum, float[] weight_decay, int[] nesterov, int[] use_muon, "
     "float muon, float sgd, int steps, float eps, bool fp32) -> bool"
 )
-_lib.define("hsv_augment(Tensor img, Tensor lut, bool rgb) -> Tensor")
+_lib.define("hsv_augment(Tensor img, Tensor lut, bool rgb, int step=64) -> Tensor")
 
 
 # ---------------------------------------------------------------------------------------------- fake impls
@@ -250,7 +251,7 @@ def _head_decode_boxes_fake(feats, strides, reg_max):
 
 
 @torch.library.register_fake("yolofast::hsv_augment", lib=_lib)
-def _hsv_augment_fake(img, lut, rgb):
+def _hsv_augment_fake(img, lut, rgb, step=64):
     return torch.empty_like(img, memory_format=torch.contiguous_format)
 
 
