@@ -2,6 +2,8 @@
 
     PYTHONPATH=. ~/ultra-venv/bin/python benchmarks/bench_musgd.py          # with Ultralytics' MuSGD
     python benchmarks/bench_musgd.py --models yolo26n --threads 1 --rounds 5
+    PYTHONPATH=. ~/ultra-venv/bin/python benchmarks/bench_musgd.py --threads 2 \
+        --variants cpp ultralytics bmm_floor     # the goals alone (the reference takes seconds at 2 threads)
 
 Per model and thread count (times are this process's CPU time, all threads summed, so that other jobs on a
 shared machine do not count): one MuSGD step with the fused op (cpp), the matrix-by-matrix reference (ref),
@@ -48,9 +50,9 @@ def _under(name, fn):
         fn()
 
 
-def measure(model: str, threads: int, rounds: int) -> dict:
+def measure(model: str, threads: int, rounds: int, only=None) -> dict:
     torch.set_num_threads(threads)
-    fns = _variants(model)
+    fns = {k: f for k, f in _variants(model).items() if not only or k in only}
     for fn in fns.values():  # warm-up: lazy state, oneDNN primitive caches
         fn()
     times = {k: [] for k in fns}
@@ -79,11 +81,21 @@ def dispatches(model: str) -> dict:
     return out
 
 
+def _ratios(t: dict) -> list[str]:
+    pairs = [("cpp vs Ultralytics {:.2f}x faster", "ultralytics", "cpp"),
+             ("fp32 mode vs Ultralytics {:.2f}x faster", "ultralytics", "cpp_fp32"),
+             ("cpp vs ref {:.2f}x faster", "ref", "cpp"), ("cpp / bmm_floor {:.2f}", "cpp", "bmm_floor"),
+             ("fp32 mode / fp32 bmm_floor {:.2f}", "cpp_fp32", "bmm_floor_fp32")]
+    return [text.format(t[a] / t[b]) for text, a, b in pairs if a in t and b in t]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", default=["yolo26n", "yolo26s"])
     ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--variants", nargs="+", metavar="NAME",
+                    help="time only these (cpp, ref, cpp_fp32, ultralytics, bmm_floor, bmm_floor_fp32)")
     a = ap.parse_args(argv)
     print(cpu_report())
     for model in a.models:
@@ -91,16 +103,10 @@ def main(argv=None) -> int:
             print(f"{model} {name}: {sum(ops.values())} ops dispatched per step: "
                   + ", ".join(f"{k} {v}" for k, v in ops.most_common(6)))
         for th in a.threads:
-            t = measure(model, th, a.rounds)
+            t = measure(model, th, a.rounds, a.variants)
             line = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in t.items())
             print(f"{model} {th} thread(s): {line}")
-            ratios = [f"cpp vs ref {t['ref'] / t['cpp']:.2f}x faster",
-                      f"cpp / bmm_floor {t['cpp'] / t['bmm_floor']:.2f}",
-                      f"fp32 mode / fp32 bmm_floor {t['cpp_fp32'] / t['bmm_floor_fp32']:.2f}"]
-            if "ultralytics" in t:
-                ratios.insert(0, f"cpp vs Ultralytics {t['ultralytics'] / t['cpp']:.2f}x faster "
-                                 f"(fp32 mode {t['ultralytics'] / t['cpp_fp32']:.2f}x)")
-            print(f"{model} {th} thread(s): " + "; ".join(ratios))
+            print(f"{model} {th} thread(s): " + "; ".join(_ratios(t)))
         sys.stdout.flush()
     return 0
 

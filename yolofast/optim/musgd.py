@@ -10,10 +10,13 @@ Per group, for the parameters that have a gradient (μ = momentum, η = lr, λ =
   ``p ← p − η·muon·σ·NS5(mat(U))``, then the SGD step above on the updated p with its own buffer V and
   lr ``η·sgd``: weight decay enters through the SGD part only.
 
-The Newton–Schulz work of all Muon matrices is one call of ``yolofast.ops.ns_orthogonalize`` (grouped by
-shape, batched, no padding); the rest are multi-tensor ``torch._foreach_*`` ops, so a step dispatches a
-few dozen ops whatever the model. Nothing reads a value back to the host: with a tensor lr on the device
-the step can be captured in a CUDA graph.
+On the CPU (C++ backend) the whole step is one call of the op ``ns_orthogonalize.musgd``: momentum, the
+Newton–Schulz products of every shape group and the SGD part in two parallel passes over memory, equal to
+the multi-tensor path bit for bit. That path runs elsewhere (GPU backends, the reference, a tensor lr, a
+tensor the op does not take): the Newton–Schulz work of all Muon matrices is one call of
+``yolofast.ops.ns_orthogonalize`` (grouped by shape, batched, no padding) and the rest multi-tensor
+``torch._foreach_*`` ops, so a step dispatches a few dozen ops whatever the model. Nothing reads a value
+back to the host: with a tensor lr on the device the step can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
