@@ -286,6 +286,10 @@ def _loader_table(args, train, data):
           f"({min(tot[args.loader]):.4f}-{max(tot[args.loader]):.4f}; main process "
           f"{statistics.median(cpu[args.loader]['main']):.4f}): on {args.loader} free cores "
           f"workers={args.loader} would reach ~{args.loader * c0 / cw:.2f}x")
+    load = max(load0, os.getloadavg()[0])
+    if load > 0.5:
+        print(f"(other jobs ran meanwhile, load average up to {load:.1f}: the wall-clock ratio measures them "
+              f"too; the CPU seconds per batch do not)")
 
 
 def _print_table(rates: dict, args, data) -> None:
