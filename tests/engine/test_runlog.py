@@ -216,3 +216,23 @@ def test_tensorboard_off_by_env_and_absent_package(shapes, tmp_path, monkeypatch
     assert not list(absent.save_dir.glob("events.out.tfevents.*")) and absent.csv.is_file()
     out = capsys.readouterr().out
     assert out.count("TensorBoard: not installed") == 1
+
+
+def test_progress_line_shows_a_dash_before_the_epochs_first_optimizer_step():
+    """With gradient accumulation an epoch's first batches take no optimizer step: the grad_norm column
+    says "-", not "nan" (which reads as a broken run); after a step it shows the norm."""
+    from types import SimpleNamespace
+
+    from yolofast.engine.gradnorm import GradNormStats
+    from yolofast.engine.loggers import RunLog
+
+    bar = RunLog.__new__(RunLog)  # the progress line needs no run: only the trainer state handed to it
+    w = torch.nn.Parameter(torch.zeros(1))
+    t = SimpleNamespace(optimizer=torch.optim.SGD([{"params": []}, {"params": [w]}], lr=0.01), epoch=1,
+                        epochs=25, device=torch.device("cpu"), loss_names=("box_loss", "cls_loss", "l1_loss"),
+                        tloss=torch.tensor([1.7, 2.3, 0.04]), grad_norm=GradNormStats(10.0),
+                        batch={"cls": torch.zeros(42, 1), "img": torch.zeros(1, 3, 224, 224)})
+    words = bar._line(t).split()
+    assert words[-1] == "-" and "nan" not in bar._line(t)
+    t.grad_norm.add(torch.tensor(272.0))
+    assert bar._line(t).split()[-1] == "272"

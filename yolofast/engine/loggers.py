@@ -159,8 +159,11 @@ class RunLog:
     def _line(self, t) -> str:
         lr = t.optimizer.param_groups[1]["lr"]
         gn = t.grad_norm.read()["grad/norm_mean"]
+        # "-" until the epoch's first optimizer step: with gradient accumulation (nbs 64 / batch 16 = 4
+        # batches a step) an epoch's first batches have no norm yet, and "nan" there read as a broken run.
+        gn = f"{gn:11.3g}" if math.isfinite(gn) else f"{'-':>11}"
         n = len(t.loss_names)
-        return ("%11s" * 2 + "%11.4g" * n + "%11i" * 2 + "%11.3g" * 2) % (
+        return ("%11s" * 2 + "%11.4g" * n + "%11i" * 2 + "%11.3g" + "%s") % (
             f"{t.epoch + 1}/{t.epochs}", f"{_memory_gb(t.device):.3g}G", *t.tloss.tolist(),
             t.batch["cls"].shape[0], t.batch["img"].shape[-1], float(lr), gn)
 
