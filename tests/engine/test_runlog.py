@@ -41,7 +41,11 @@ def _rows(path):
 
 class ExtraLossTrainer(Trainer):
     """A fourth loss item, as distillation adds one: ``extra_loss`` = 0.5 in training (the validator, under
-    no_grad, gets the three it sums)."""
+    no_grad, gets the three it sums). Clipping at 5, not 10: this tiny model's first norms depend on what
+    ran before in the process (this file alone gave 4.6-9.7, never above 10; in the whole suite some were),
+    and the clipped share must be exercised either way."""
+
+    max_norm = 5.0
 
     def get_loss(self, model):
         base = super().get_loss(model)
@@ -70,7 +74,7 @@ def run(shapes, tmp_path_factory, request):
         return n
 
     mp.setattr(torch.nn.utils, "clip_grad_norm_", recording_clip)
-    # lr0 0.02 with SGD and nbs=4 (a step per batch): the early gradient norms of this tiny model exceed 10.
+    # lr0 0.02 with SGD and nbs=4 (a step per batch): the early gradient norms of this tiny model exceed 5.
     t = ExtraLossTrainer(data=shapes, epochs=2, project=tmp_path_factory.mktemp("runs"), name="r",
                          profile=True, optimizer="SGD", lr0=0.02, nbs=4,
                          **{**FAST, "verbose": True})
@@ -123,9 +127,9 @@ def test_results_csv_follows_loss_names_and_holds_the_grad_norm(run):
         n = norms[epoch]
         assert float(r["grad/norm_mean"]) == pytest.approx(sum(n) / len(n), rel=1e-5)
         assert float(r["grad/norm_max"]) == pytest.approx(max(n), rel=1e-5)
-        assert float(r["grad/clip_frac"]) == pytest.approx(sum(v > 10 for v in n) / len(n))
+        assert float(r["grad/clip_frac"]) == pytest.approx(sum(v > t.max_norm for v in n) / len(n))
         assert r["grad/nonfinite"] == "0"
-    assert any(v > 10 for v in norms[0]), norms  # the clipped share is really exercised
+    assert any(v > t.max_norm for v in norms[0]), norms  # the clipped share is really exercised
 
 
 def test_progress_header_and_epoch_summary(run):
