@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 namespace yolofast {
 
@@ -50,6 +51,27 @@ constexpr int64_t simd_float_lanes() { return at::vec::Vectorized<float>::size()
 // One relaxed atomic OR per parallel_for chunk: negligible next to a chunk's work (>= 1e4 elements).
 inline void note_thread() {
   threads_seen_mask().fetch_or(uint64_t{1} << (at::get_thread_num() & 63), std::memory_order_relaxed);
+}
+
+// Runs fn(i, lo, hi) over `count` items of n_of(i) elements each, seen as one sequence cut into one
+// contiguous range per thread (at least `grain` elements each): equal element counts per thread whatever
+// the items' sizes (a model's tensors run from 16 to 10^6 elements). Each item's [lo, hi) is within it.
+template <typename N, typename F>
+void sweep_ranges(size_t count, const N& n_of, int64_t grain, const F& fn) {
+  std::vector<int64_t> start(count + 1, 0);
+  for (size_t i = 0; i < count; ++i) start[i + 1] = start[i] + n_of(i);
+  const int64_t total = start.back();
+  if (total == 0) return;
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), total / grain));
+  at::parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
+    note_thread();
+    const int64_t lo = total * p0 / parts, hi = total * p1 / parts;
+    size_t i = std::upper_bound(start.begin(), start.end(), lo) - start.begin() - 1;
+    for (; i < count && start[i] < hi; ++i) {
+      const int64_t a = std::max(lo, start[i]) - start[i], b = std::min(hi, start[i + 1]) - start[i];
+      if (b > a) fn(i, a, b);
+    }
+  });
 }
 
 // YOLOFAST_POISON_OUTPUTS=1 makes kernels fill their fresh outputs with NaN before computing, so a test

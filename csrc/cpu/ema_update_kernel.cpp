@@ -150,20 +150,8 @@ void run_span(const Span& s, int64_t lo, int64_t hi, double w) {
 // All spans as one sequence of elements, cut into one contiguous range per thread: equal element counts
 // per thread (the spans are all fp32 in a normal model, so equal bytes too).
 void run_spans(const std::vector<Span>& spans, double w) {
-  std::vector<int64_t> start(spans.size() + 1, 0);
-  for (size_t i = 0; i < spans.size(); ++i) start[i + 1] = start[i] + spans[i].n;
-  const int64_t total = start.back();
-  if (total == 0) return;
-  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), total / kGrain));
-  at::parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
-    note_thread();
-    const int64_t lo = total * p0 / parts, hi = total * p1 / parts;
-    size_t i = std::upper_bound(start.begin(), start.end(), lo) - start.begin() - 1;
-    for (; i < spans.size() && start[i] < hi; ++i) {
-      const int64_t a = std::max(lo, start[i]) - start[i], b = std::min(hi, start[i + 1]) - start[i];
-      if (b > a) run_span(spans[i], a, b, w);
-    }
-  });
+  sweep_ranges(spans.size(), [&](size_t i) { return spans[i].n; }, kGrain,
+               [&](size_t i, int64_t lo, int64_t hi) { run_span(spans[i], lo, hi, w); });
 }
 
 // 1 - d in double is exact for a float32 d (or rounds like float32 arithmetic would), so w matches the

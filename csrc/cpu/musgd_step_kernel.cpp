@@ -216,20 +216,8 @@ void update_span(const Item& t, const at::Tensor& y, int64_t lo, int64_t hi) {
 // Runs fn(item, lo, hi) over the elements of `items`, cut into one contiguous range per thread.
 template <typename F>
 void sweep(const std::vector<const Item*>& items, const F& fn) {
-  std::vector<int64_t> start(items.size() + 1, 0);
-  for (size_t i = 0; i < items.size(); ++i) start[i + 1] = start[i] + items[i]->n;
-  const int64_t total = start.back();
-  if (total == 0) return;
-  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), total / kGrain));
-  at::parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
-    note_thread();
-    const int64_t lo = total * p0 / parts, hi = total * p1 / parts;
-    size_t i = std::upper_bound(start.begin(), start.end(), lo) - start.begin() - 1;
-    for (; i < items.size() && start[i] < hi; ++i) {
-      const int64_t a = std::max(lo, start[i]) - start[i], b = std::min(hi, start[i + 1]) - start[i];
-      if (b > a) fn(*items[i], a, b);
-    }
-  });
+  sweep_ranges(items.size(), [&](size_t i) { return items[i]->n; }, kGrain,
+               [&](size_t i, int64_t lo, int64_t hi) { fn(*items[i], lo, hi); });
 }
 
 Coeffs coeffs_of(double lr, double mu, double decay, bool nesterov, double weight_muon, double weight_sgd,
