@@ -5,11 +5,17 @@ import yaml
 from yolofast.bench.cli import bench_main
 
 
-def test_bench_data_prints_rates_and_feed(tmp_path, split_factory, capsys):
+def _data_yaml(tmp_path, split_factory):
+    """A one-class data yaml over 8 generated images (train and val the same split)."""
     split_factory(tmp_path, {f"im{i}": "0 0.5 0.5 0.5 0.5\n" for i in range(8)})
     y = tmp_path / "d.yaml"
     y.write_text(yaml.safe_dump(dict(path=str(tmp_path), train="images/train", val="images/train",
                                      names={0: "a"})))
+    return y
+
+
+def test_bench_data_prints_rates_and_feed(tmp_path, split_factory, capsys):
+    y = _data_yaml(tmp_path, split_factory)
     rc = bench_main(["data", "--data", str(y), "--imgsz", "64", "--blocks", "2", "--block-size", "4",
                      "--no-ultralytics", "--batch", "2", "--workers", "4"])
     out = capsys.readouterr().out
@@ -19,10 +25,7 @@ def test_bench_data_prints_rates_and_feed(tmp_path, split_factory, capsys):
 
 
 def test_bench_data_loader_table(tmp_path, split_factory, capsys):
-    split_factory(tmp_path, {f"im{i}": "0 0.5 0.5 0.5 0.5\n" for i in range(8)})
-    y = tmp_path / "d.yaml"
-    y.write_text(yaml.safe_dump(dict(path=str(tmp_path), train="images/train", val="images/train",
-                                     names={0: "a"})))
+    y = _data_yaml(tmp_path, split_factory)
     rc = bench_main(["data", "--data", str(y), "--imgsz", "64", "--blocks", "1", "--block-size", "2",
                      "--no-ultralytics", "--batch", "2", "--loader", "2", "--loader-rounds", "2",
                      "--loader-batches", "3"])
