@@ -203,6 +203,23 @@ def test_assign_topk_ties_go_to_lower_anchor_index():
     assert tscores[0, :, 0].tolist() == pytest.approx([0, 0.5 / 0.9, 1.0, 0.5 / 0.9, 0], rel=1e-7)
 
 
+@pytest.mark.parametrize("k", [0, 1, 3, 10, 40, 64])
+def test_stable_topk_mask_is_the_stable_sort_prefix(k):
+    """The assigner's top-k without a sort equals the first k of torch's stable descending sort on rows
+    full of ties (values on a 1/8 grid), all-equal rows, NaN entries (ranked above every number) and
+    k >= the row length."""
+    from yolofast.ops.reference import _stable_topk_mask
+
+    g = torch.Generator().manual_seed(k)
+    m = (torch.randint(0, 9, (3, 5, 40), generator=g) / 8).to(torch.float32)
+    m[0, 1] = 0.5  # one row all ties
+    m[1, 2, [3, 17, 30]] = float("nan")
+    want = torch.zeros_like(m, dtype=torch.bool)
+    if k:
+        want.scatter_(-1, torch.sort(m, dim=-1, descending=True, stable=True).indices[..., :k], True)
+    assert torch.equal(_stable_topk_mask(m, k), want)
+
+
 def test_assign_align_zero_is_never_positive():
     gt = [0, 0, 100, 100]
     anc = [[20, 20], [50, 50], [80, 80]]

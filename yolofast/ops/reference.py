@@ -209,11 +209,25 @@ def _metric(scores: torch.Tensor, pd: torch.Tensor, gt: torch.Tensor, labels_c: 
 def _topk(align: torch.Tensor, cand: torch.Tensor, topk: int) -> torch.Tensor:
     """Step 3: selected (B, M, A), each GT's topk largest align that are candidates with align > 0; a
     stable sort makes ties go to the lower anchor index."""
-    B, M, A = align.shape
-    k = min(topk, A)
-    top = torch.sort(align, dim=-1, descending=True, stable=True).indices[..., :k]
-    selected = torch.zeros(B, M, A, dtype=torch.bool, device=align.device).scatter_(-1, top, True)
-    return selected & cand & (align > 0)
+    return _stable_topk_mask(align, topk) & cand & (align > 0)
+
+
+def _stable_topk_mask(metric: torch.Tensor, k: int) -> torch.Tensor:
+    """(..., A) bool: the first k entries of each row's stable descending sort (ties go to the lower
+    index, NaN ranks above every number, as in ``torch.sort``), without sorting: every entry above the
+    row's k-th largest value, then its ties in index order until k are taken. The same mask as
+    ``sort(stable=True).indices[..., :k]`` scattered, ~4x cheaper (a (16, 16, 2100) row set: 4.5 ms vs
+    20 ms at one thread, AMD EPYC), which keeps the reference train step of YOLO26 (two top-k per step)
+    as fast as Ultralytics' dense one."""
+    k = min(int(k), metric.shape[-1])
+    if k <= 0:  # topk=0: no anchor is selected
+        return torch.zeros_like(metric, dtype=torch.bool)
+    key = metric.nan_to_num(nan=float("inf"))  # the metric is never +inf (scores, overlaps <= 1)
+    kth = key.topk(k, dim=-1).values[..., -1:]
+    above = key > kth
+    tie = key == kth
+    room = k - above.sum(-1, keepdim=True)
+    return above | (tie & (tie.cumsum(-1) <= room))
 
 
 def _conflicts(selected: torch.Tensor, cand: torch.Tensor, overlap: torch.Tensor, align: torch.Tensor):
@@ -222,8 +236,10 @@ def _conflicts(selected: torch.Tensor, cand: torch.Tensor, overlap: torch.Tensor
     non-candidates rank below every candidate); one selected by a single GT keeps it; it is positive only
     with align > 0 for the GT it got."""
     n_sel = selected.sum(1)
-    best_overlap_gt = torch.where(cand, overlap, -1).argmax(1)
-    only_gt = selected.to(torch.uint8).argmax(1)
+    # max(1).indices is argmax(1) (the first maximum, NaN counting as the maximum) at ~1/7 the cost:
+    # argmax over a non-last dim is not vectorised on the CPU (8.4 vs 1.3 ms at (16, 16, 2100)).
+    best_overlap_gt = torch.where(cand, overlap, -1).max(1).indices
+    only_gt = selected.to(torch.uint8).max(1).indices
     gt_idx = torch.where(n_sel > 1, best_overlap_gt, only_gt)
     align_a = align.gather(1, gt_idx[:, None]).squeeze(1)  # (B, A) align with the assigned GT
     fg = (n_sel > 0) & (align_a > 0)
@@ -262,13 +278,11 @@ def _second_topk(align: torch.Tensor, fg: torch.Tensor, gt_idx: torch.Tensor, to
     B, M, A = align.shape
     pos = fg[:, None, :] & (gt_idx[:, None, :] == torch.arange(M, device=align.device)[None, :, None])
     metric = torch.where(pos, align, 0)
-    k2 = min(int(topk2), A)
-    if k2 == 1:
-        top = metric.argmax(-1, keepdim=True)
+    if min(int(topk2), A) == 1:
+        kept = torch.zeros_like(pos).scatter_(-1, metric.argmax(-1, keepdim=True), True)
     else:
-        top = torch.sort(metric, dim=-1, descending=True, stable=True).indices[..., :k2]
-    kept = torch.zeros_like(pos).scatter_(-1, top, True) & pos
-    return kept.any(1)
+        kept = _stable_topk_mask(metric, topk2)
+    return (kept & pos).any(1)
 
 
 def bbox_loss_ref(
