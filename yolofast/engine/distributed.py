@@ -206,13 +206,29 @@ def broadcast_flag(flag: bool) -> bool:
     return bool(t.item())
 
 
+# The gloo barrier's tensor, kept for the life of the process (see ``barrier``).
+_FENCE: list[torch.Tensor] = []
+
+
 def barrier() -> None:
-    """Wait for every rank (no-op in one process)."""
-    if is_distributed():
-        if dist.get_backend() == "nccl":
-            dist.barrier(device_ids=[torch.cuda.current_device()])
-        else:
-            dist.barrier()
+    """Wait for every rank (no-op in one process).
+
+    On gloo this is an all-reduce of one int held here for good, not ``dist.barrier()``: gloo's barrier
+    work keeps every collective still in flight when it was queued alive until a gloo worker thread
+    releases it, after the barrier has returned. At the end of a run that release raced the interpreter's
+    shutdown: the tensors of the last ``gather_object`` lost their Python owner, the worker thread needed
+    the GIL to free them while Python was finalizing, and the process aborted ("terminate called without
+    an active exception", SIGABRT of a rank that had finished, about 1 run in 8 of the torchrun restart
+    test on 2 loaded cores). An all-reduce holds no earlier work, the ranks block in it with the GIL
+    released (so earlier releases finish meanwhile), and its own tensor keeps a Python owner here."""
+    if not is_distributed():
+        return
+    if dist.get_backend() == "nccl":
+        dist.barrier(device_ids=[torch.cuda.current_device()])
+        return
+    if not _FENCE:
+        _FENCE.append(torch.zeros(1, dtype=torch.int32))
+    dist.all_reduce(_FENCE[0])
 
 
 def destroy_distributed() -> None:

@@ -142,8 +142,9 @@ class Trainer(RunViews):
         self.run_callbacks("on_pretrain_routine_end")
         try:
             self._do_train()
-            # Ranks end together: rank 1 tearing its gloo group down while rank 0 was still saving aborted
-            # it once in CI ("terminate called without an active exception", SIGABRT after the last epoch).
+            # Ranks end together, and a rank that finished first waits with the GIL released until the
+            # others are done: a gloo worker thread may still have to free the last collective's tensors,
+            # which aborts the process once Python is shutting down (distributed.barrier).
             barrier()
         except RuntimeError as e:  # another rank died mid-collective: its error is the one that matters
             if self.world_size > 1 and is_peer_failure(e):
