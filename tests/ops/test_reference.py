@@ -203,6 +203,27 @@ def test_assign_topk_ties_go_to_lower_anchor_index():
     assert tscores[0, :, 0].tolist() == pytest.approx([0, 0.5 / 0.9, 1.0, 0.5 / 0.9, 0], rel=1e-7)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_candidate_metric_equals_the_dense_form(dtype, monkeypatch):
+    """The eager-CPU assigner scores only the candidate pairs; the dense form (what torch.compile, a CUDA
+    graph and CUDA run) gives the same overlaps and aligns: zero off the candidates, and on them equal up
+    to the last bit of the vector vs scalar atan/pow (float64: no vector tail difference at all)."""
+    from yolofast.ops import reference as R
+
+    torch.manual_seed(5)
+    scores, pd, anc, labels, gts, mask = (x.to(dtype) for x in small_scene(3, 400, 7, 9))
+    real = mask.reshape(3, 9) > 0
+    labels_c = labels.reshape(3, 9).long()
+    cand = R._candidates(gts, real, anc, 1e-9)
+    assert 0 < cand.sum() < cand.numel()
+    got = R._metric(scores, pd, gts, labels_c, cand, 0.5, 6.0)
+    monkeypatch.setattr(R, "_eager_cpu", lambda t: False)
+    want = R._metric(scores, pd, gts, labels_c, cand, 0.5, 6.0)
+    for g, w in zip(got, want):
+        assert torch.equal(g != 0, w != 0)
+        torch.testing.assert_close(g, w, rtol=4 * torch.finfo(dtype).eps, atol=0)
+
+
 @pytest.mark.parametrize("k", [0, 1, 3, 10, 40, 64])
 def test_stable_topk_mask_is_the_stable_sort_prefix(k):
     """The assigner's top-k without a sort equals the first k of torch's stable descending sort on rows

@@ -17,16 +17,17 @@ from yolofast.ops.reference import bbox_decode
 def maps_to_rows(feats, reg_max: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
     """(pred_dist (B, A, 4*reg_max), pred_scores (B, A, nc)) from (B, 4*reg_max + nc, H_i, W_i) maps.
 
-    The transposed views are cat straight into the two tensors: one copy each (a cat to (B, no, A) then two
-    permute().contiguous() was ~40 ms at b8/640 on one thread, this ~15 ms).
+    Each level's channels are moved last with permute + reshape and the levels cat: one copy each (a cat
+    to (B, no, A) then two permute().contiguous() was ~40 ms at b8/640 on one thread; a cat of transposed
+    (B, HW, c) views 4.4 ms and this 3.1 ms for the (16, 2100, 80) scores at b16/320).
     """
     nc = feats[0].shape[1] - 4 * reg_max
-    dist_parts, score_parts = [], []
-    for f in feats:
-        d, s = f.flatten(2).split((4 * reg_max, nc), 1)
-        dist_parts.append(d.transpose(1, 2))
-        score_parts.append(s.transpose(1, 2))
-    return torch.cat(dist_parts, 1), torch.cat(score_parts, 1)
+    return _rows(feats, 0, 4 * reg_max), _rows(feats, 4 * reg_max, nc)
+
+
+def _rows(feats, start: int, n: int) -> torch.Tensor:
+    """(B, A, n): channels start..start+n of every level's map, anchors level by level."""
+    return torch.cat([f[:, start:start + n].permute(0, 2, 3, 1).reshape(f.shape[0], -1, n) for f in feats], 1)
 
 
 def dense_target_scores(scores: torch.Tensor, labels: torch.Tensor, nc: int) -> torch.Tensor:
@@ -44,8 +45,7 @@ def tal_assign_maps(tal_assign, feats, pd_bboxes, anc_points, gt_labels, gt_bbox
     """``tal_assign.maps`` as ``tal_assign`` of the sigmoid of the cat-ed class logits (``extra``, e.g.
     topk2, passed on)."""
     with torch.no_grad():  # the class channels alone, (B, A, nc)
-        logits = [f.detach().flatten(2)[:, 4 * reg_max:].transpose(1, 2) for f in feats]
-        pd_scores = torch.cat(logits, 1).sigmoid()
+        pd_scores = _rows([f.detach() for f in feats], 4 * reg_max, feats[0].shape[1] - 4 * reg_max).sigmoid()
     out = tal_assign(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, alpha, beta, eps,
                      **extra)
     if dense_scores:
