@@ -108,3 +108,18 @@ def test_normalized_xywh_same_bits():
         plain = np.stack([(b[:, 0] + b[:, 2]) / (2 * w), (b[:, 1] + b[:, 3]) / (2 * h),
                           (b[:, 2] - b[:, 0]) / w, (b[:, 3] - b[:, 1]) / h], 1).astype(np.float32)
         assert _same(plain, _normalized_xywh(boxes, h, w))
+
+
+def test_flipped_boxes_same_bits():
+    rng = np.random.default_rng(2)
+    for _ in range(300):
+        n = int(rng.integers(0, 25))
+        xy = rng.uniform(-20, 700, (n, 2))
+        old = np.concatenate([xy, xy + rng.uniform(0, 300, (n, 2))], 1).astype(np.float32)
+        w, h = (int(v) for v in rng.integers(100, 700, 2))
+        flipped = old.copy()
+        flipped[:, [0, 2]] = w - flipped[:, [2, 0]]
+        assert _same(flipped, A.flip_lr(np.zeros((h, w, 3), np.uint8), old)[1])
+        flipped = old.copy()
+        flipped[:, [1, 3]] = h - flipped[:, [3, 1]]
+        assert _same(flipped, A.flip_ud(np.zeros((h, w, 3), np.uint8), old)[1])
