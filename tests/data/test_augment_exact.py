@@ -123,3 +123,20 @@ def test_flipped_boxes_same_bits():
         flipped = old.copy()
         flipped[:, [1, 3]] = h - flipped[:, [3, 1]]
         assert _same(flipped, A.flip_ud(np.zeros((h, w, 3), np.uint8), old)[1])
+
+
+def test_tile_copy_writes_into_the_window_view():
+    """mosaic_affine's tile copy (OpenCV) lands in the window itself, from read-only sources too."""
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        src = rng.integers(0, 256, (int(rng.integers(2, 90)), int(rng.integers(2, 90)), 3), dtype=np.uint8)
+        src.flags.writeable = False
+        h, w = src.shape[:2]
+        y, x = int(rng.integers(0, h)), int(rng.integers(0, w))
+        part = src[y:, x:]
+        win = np.full((100, 100, 3), A.PAD, np.uint8)
+        ref = win.copy()
+        oy, ox = int(rng.integers(0, 100 - part.shape[0] + 1)), int(rng.integers(0, 100 - part.shape[1] + 1))
+        ref[oy:oy + part.shape[0], ox:ox + part.shape[1]] = part
+        A._copy(part, win[oy:oy + part.shape[0], ox:ox + part.shape[1]])
+        assert _same(ref, win)

