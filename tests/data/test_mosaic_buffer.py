@@ -32,8 +32,13 @@ def test_buffer_size_rule_and_one_decode_per_mosaic(tmp_path, split_factory):
     for i in range(30):
         ds[i]
         assert len(ds.buffer) == min(i + 1, 16) and set(ds._recent) == set(ds.buffer)
+        assert set(ds._norm_xyxy) <= set(ds.buffer)  # box corners are kept only while their image is
         assert ds.buffer[-1] == i  # the newest decode joins last; the oldest left
     assert calls == list(range(30))  # one decode per mosaic sample: the 3 companions were in memory
+    val = build_dataset(src, imgsz=64, nc=3, augment=False)
+    for i in range(10):
+        val[i]
+    assert not val._norm_xyxy  # no buffer: nothing kept
 
 
 def test_companions_come_from_the_buffer_uniformly(tmp_path, split_factory):

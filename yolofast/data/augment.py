@@ -58,7 +58,7 @@ def mosaic_layout(hws, imgsz: int, rng: np.random.Generator):
     the quadrant (y1, y2, x1, x2) it lies in. hws: the 4 images' (h, w)."""
     s = imgsz
     # Centre in the middle half so every quadrant keeps >= s/2 of its side, like Ultralytics' border -s/2.
-    xc, yc = (int(v) for v in rng.uniform(s / 2, 3 * s / 2, 2))
+    xc, yc = (int(v) for v in rng.uniform(s / 2, 3 * s / 2, 2).tolist())
     out = []
     for i, (h, w) in enumerate(hws):
         if i == 0:  # top-left: its bottom-right corner at the centre
@@ -136,41 +136,47 @@ def affine_matrix(in_hw, out_hw, rng, degrees=0.0, translate=0.1, scale=0.5, she
     """3x3 matrix: centre -> perspective -> rotate+scale -> shear -> translate into the output.
 
     Returns (M, s) with s the random scale factor (needed to judge how much of a box a crop removed).
+    The 8 draws (perspective x2, angle, scale, shear x2, translation x2) are one ``rng.random(8)``, each
+    mapped to low + (high - low) x u: exactly what one ``uniform(low, high)`` call per draw computes from
+    the same doubles of the stream (tested). With 6 calls, 5 ``np.eye`` and their item writes it took
+    22.3 us instead of 12.9 (timed alone, AMD EPYC, 1 thread).
     """
     h, w = in_hw
     oh, ow = out_hw
-    C = np.eye(3)
-    C[0, 2], C[1, 2] = -w / 2, -h / 2
-    P = np.eye(3)
-    P[2, 0], P[2, 1] = rng.uniform(-perspective, perspective, 2)
-    R = np.eye(3)
-    a = rng.uniform(-degrees, degrees)
-    s = rng.uniform(1 - scale, 1 + scale)
-    R[:2] = cv2.getRotationMatrix2D(center=(0, 0), angle=a, scale=s)
-    S = np.eye(3)
-    S[0, 1], S[1, 0] = (math.tan(math.radians(v)) for v in rng.uniform(-shear, shear, 2))
-    T = np.eye(3)
-    T[0, 2] = rng.uniform(0.5 - translate, 0.5 + translate) * ow
-    T[1, 2] = rng.uniform(0.5 - translate, 0.5 + translate) * oh
+    lo = (-perspective, -perspective, -degrees, 1 - scale, -shear, -shear, 0.5 - translate, 0.5 - translate)
+    hi = (perspective, perspective, degrees, 1 + scale, shear, shear, 0.5 + translate, 0.5 + translate)
+    u = rng.random(8).tolist()
+    p0, p1, a, s, sh0, sh1, tx, ty = (lo[k] + (hi[k] - lo[k]) * u[k] for k in range(8))
+    (r00, r01, r02), (r10, r11, r12) = cv2.getRotationMatrix2D(center=(0, 0), angle=a, scale=s).tolist()
+    t0, t1 = math.tan(math.radians(sh0)), math.tan(math.radians(sh1))
+    T, S, R, P, C = np.array([
+        [[1.0, 0.0, tx * ow], [0.0, 1.0, ty * oh], [0.0, 0.0, 1.0]],
+        [[1.0, t0, 0.0], [t1, 1.0, 0.0], [0.0, 0.0, 1.0]],
+        [[r00, r01, r02], [r10, r11, r12], [0.0, 0.0, 1.0]],
+        [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [p0, p1, 1.0]],
+        [[1.0, 0.0, -w / 2], [0.0, 1.0, -h / 2], [0.0, 0.0, 1.0]]])
     return T @ S @ R @ P @ C, s
 
 
 def transform_boxes(boxes: np.ndarray, M: np.ndarray, out_hw) -> np.ndarray:
-    """Map xyxy boxes through M by their 4 corners; new box = corners' extent clipped to the output."""
+    """Map xyxy boxes through M by their 4 corners; new box = corners' extent clipped to the output.
+
+    The corners go through one (4n, 3) @ M.T product in float64, rows (x1, y1), (x2, y2), (x1, y2),
+    (x2, y1) per box, made with 4 NumPy calls instead of 12: the same product, so the same numbers."""
     n = len(boxes)
     if n == 0:
         return boxes
-    x1, y1, x2, y2 = boxes.T
-    xy = np.ones((n * 4, 3), dtype=np.float64)
-    xy[:, 0] = np.stack([x1, x2, x1, x2], 1).reshape(-1)
-    xy[:, 1] = np.stack([y1, y2, y2, y1], 1).reshape(-1)
-    xy = xy @ M.T
+    xy = np.ones((n, 4, 3))
+    xy[:, :, :2] = boxes[:, _CORNERS].reshape(n, 4, 2)
+    xy = xy.reshape(-1, 3) @ M.T
     xy = xy[:, :2] / xy[:, 2:3] if M[2, 0] or M[2, 1] else xy[:, :2]
-    xs, ys = xy[:, 0].reshape(n, 4), xy[:, 1].reshape(n, 4)
-    out = np.stack([xs.min(1), ys.min(1), xs.max(1), ys.max(1)], 1)
-    out[:, 0::2] = out[:, 0::2].clip(0, out_hw[1])
-    out[:, 1::2] = out[:, 1::2].clip(0, out_hw[0])
+    xy = xy.reshape(n, 4, 2)
+    out = np.concatenate([xy.min(1), xy.max(1)], 1)
+    np.clip(out, 0.0, np.array((out_hw[1], out_hw[0]) * 2, np.float64), out=out)
     return out.astype(np.float32)
+
+
+_CORNERS = np.array([0, 1, 2, 3, 0, 3, 2, 1])  # a box's 4 corners (x, y) as column indices of xyxy
 
 
 def random_affine(img, boxes, classes, rng, degrees=0.0, translate=0.1, scale=0.5, shear=0.0,
@@ -206,17 +212,18 @@ def mosaic_affine(images, boxes, classes, imgsz: int, rng, degrees=0.0, translat
     layout = mosaic_layout([im.shape[:2] for im in images], s, rng)
     b, cl = mosaic_boxes(layout, boxes, classes, s)
     M, sc = affine_matrix((2 * s, 2 * s), (s, s), rng, degrees, translate, scale, shear, perspective)
-    corners = np.linalg.inv(M)[:2] @ np.array([[0, s, 0, s], [0, 0, s, s], [1, 1, 1, 1]], np.float64)
+    corners = np.linalg.inv(M)[:2] @ _out_corners(s)
     # +-2 px: bilinear reads the pixel right/below a sample point, and the warp rounds coordinates
-    x0, y0 = (max(int(np.floor(v)) - 2, 0) for v in corners.min(1))
-    x1, y1 = (min(int(np.ceil(v)) + 3, 2 * s) for v in corners.max(1))
+    (x0, y0), (x1, y1) = np.floor(corners.min(1)).tolist(), np.ceil(corners.max(1)).tolist()
+    x0, y0 = max(int(x0) - 2, 0), max(int(y0) - 2, 0)
+    x1, y1 = min(int(x1) + 3, 2 * s), min(int(y1) + 3, 2 * s)
     x1, y1 = max(x1, x0 + 1), max(y1, y0 + 1)
     sub = np.full((y1 - y0, x1 - x0, images[0].shape[2]), PAD, np.uint8)
     for img, ((xa1, ya1, xa2, ya2), (xb1, yb1), _) in zip(images, layout):
         cx1, cy1, cx2, cy2 = max(xa1, x0), max(ya1, y0), min(xa2, x1), min(ya2, y1)
         if cx2 > cx1 and cy2 > cy1:
-            sub[cy1 - y0:cy2 - y0, cx1 - x0:cx2 - x0] = img[yb1 + cy1 - ya1:yb1 + cy2 - ya1,
-                                                            xb1 + cx1 - xa1:xb1 + cx2 - xa1]
+            _copy(img[yb1 + cy1 - ya1:yb1 + cy2 - ya1, xb1 + cx1 - xa1:xb1 + cx2 - xa1],
+                  sub[cy1 - y0:cy2 - y0, cx1 - x0:cx2 - x0])
     shift = np.array([[1, 0, x0], [0, 1, y0], [0, 0, 1]], np.float64)
     img = cv2.warpAffine(sub, (M @ shift)[:2], dsize=(s, s), borderValue=(PAD, PAD, PAD))
     if len(b):
@@ -226,19 +233,40 @@ def mosaic_affine(images, boxes, classes, imgsz: int, rng, degrees=0.0, translat
     return img, b, cl
 
 
+def _copy(src: np.ndarray, dst: np.ndarray) -> None:
+    """``dst[...] = src`` for same-shape uint8 HWC views with contiguous rows (OpenCV wraps them, no copy):
+    OpenCV copies ~1.7x as fast as NumPy's assignment (a cold 640x480 tile: 69 vs 118 us, AMD EPYC, 1
+    thread), and a mosaic copies ~1.3 tiles' worth into the warp's window."""
+    cv2.copyTo(src, None, dst)
+
+
+_OUT_CORNERS: dict[int, np.ndarray] = {}
+
+
+def _out_corners(s: int) -> np.ndarray:
+    """The 4 corners of an s x s output, homogeneous (3, 4) float64 (made once per size)."""
+    if s not in _OUT_CORNERS:
+        _OUT_CORNERS[s] = np.array([[0, s, 0, s], [0, 0, s, s], [1, 1, 1, 1]], np.float64)
+    return _OUT_CORNERS[s]
+
+
 def hsv_gains(rng, hgain, sgain, vgain) -> np.ndarray:
     """The random (hue, saturation, value) multipliers of one image: 1 + U(-1, 1) x gain each."""
     return rng.uniform(-1, 1, 3) * (hgain, sgain, vgain) + 1
 
 
 def hsv_luts(r) -> np.ndarray:
-    """(256, 3) uint8 tables of gains ``r``: hue x r0 mod 180 (OpenCV's 8-bit hue), s and v x r clipped."""
-    x = np.arange(256, dtype=np.float64)
-    lut = np.empty((256, 3), np.uint8)
-    lut[:, 0] = (x * r[0]) % 180
-    lut[:, 1] = np.clip(x * r[1], 0, 255)
-    lut[:, 2] = np.clip(x * r[2], 0, 255)
-    return lut
+    """(256, 3) uint8 tables of gains ``r``: hue x r0 mod 180 (OpenCV's 8-bit hue), s and v x r clipped.
+    Made as (3, 256) rows, each level x its gain (the same products), then cast transposed: ~30 % less
+    time than three column writes into a (256, 3) table."""
+    t = np.multiply.outer(np.asarray(r, np.float64), _LEVELS)
+    np.remainder(t[0], 180, out=t[0])
+    sv = t[1:]
+    np.minimum(np.maximum(sv, 0, out=sv), 255, out=sv)  # = np.clip(sv, 0, 255) without its Python wrapper
+    return np.ascontiguousarray(t.T, dtype=np.uint8)
+
+
+_LEVELS = np.arange(256, dtype=np.float64)
 
 
 def augment_hsv(img: np.ndarray, rng, hgain=0.5, sgain=0.5, vgain=0.5, to_rgb: bool = False) -> np.ndarray:
@@ -312,7 +340,7 @@ def flip_lr(img, boxes):
     w = img.shape[1]
     if len(boxes):
         boxes = boxes.copy()
-        boxes[:, [0, 2]] = w - boxes[:, [2, 0]]
+        boxes[:, 0::2] = w - boxes[:, 2::-2]  # x1, x2 = w - x2, w - x1
     return cv2.flip(img, 1), boxes  # a new array (the input may be cached); 3x faster than a [:, ::-1] copy
 
 
@@ -320,7 +348,7 @@ def flip_ud(img, boxes):
     h = img.shape[0]
     if len(boxes):
         boxes = boxes.copy()
-        boxes[:, [1, 3]] = h - boxes[:, [3, 1]]
+        boxes[:, 1::2] = h - boxes[:, 3::-2]  # y1, y2 = h - y2, h - y1
     return cv2.flip(img, 0), boxes
 
 

@@ -99,6 +99,7 @@ class YOLODataset(Dataset):
         self.max_buffer = min(len(self), 8 * max(int(batch_size), 1), 1000) if augment else 0
         self.buffer: list[int] = []
         self._recent: dict[int, tuple] = {}
+        self._norm_xyxy: dict[int, np.ndarray] = {}  # normalized xyxy boxes of the images held (_pixel_xyxy)
         # augment_device: training samples are plans (device_aug) that the device renders in preprocess_batch
         self.augment_device = str(augment_device) if (augment and augment_device not in (None, False, "")) \
             else None
@@ -119,7 +120,7 @@ class YOLODataset(Dataset):
     def reseed(self, seed: int) -> None:
         """A fresh augmentation stream: the generator from ``seed`` and an empty mosaic buffer."""
         self.rng = np.random.default_rng(seed)
-        self.buffer, self._recent = [], {}
+        self.buffer, self._recent, self._norm_xyxy = [], {}, {}
 
     def buffer_state(self) -> list[int]:
         """The mosaic buffer's image indices, oldest first (with the generator's state: exact resume)."""
@@ -128,7 +129,7 @@ class YOLODataset(Dataset):
     def set_buffer_state(self, indices) -> None:
         """Restore ``buffer_state()``; the images are decoded again when a mosaic first draws them."""
         self.buffer = [int(i) for i in indices][-self.max_buffer:] if self.max_buffer else []
-        self._recent = {}
+        self._recent, self._norm_xyxy = {}, {}
 
     def set_rect_batch_size(self, batch_size: int) -> None:
         """Re-cut the rect batches for a loader of ``batch_size`` (the images keep their aspect-ratio
@@ -189,7 +190,9 @@ class YOLODataset(Dataset):
         self.buffer.append(i)
         self._recent[i] = im
         while len(self.buffer) > self.max_buffer:
-            self._recent.pop(self.buffer.pop(0), None)
+            j = self.buffer.pop(0)
+            self._recent.pop(j, None)
+            self._norm_xyxy.pop(j, None)
 
     def _mosaic_companions(self, rng) -> list[int]:
         """The 3 other images of a mosaic: drawn uniformly, with replacement, from the buffer of recently
@@ -213,18 +216,27 @@ class YOLODataset(Dataset):
             i = int(self.rng.integers(len(self)))
         else:
             raise DataError(f"{self.prefix}no readable image found after 16 tries (files changed on disk?)")
-        lab = self.labels[i]
         h, w = img.shape[:2]
-        b = lab["bboxes"]
-        xyxy = np.empty_like(b)
-        xyxy[:, 0], xyxy[:, 2] = (b[:, 0] - b[:, 2] / 2) * w, (b[:, 0] + b[:, 2] / 2) * w
-        xyxy[:, 1], xyxy[:, 3] = (b[:, 1] - b[:, 3] / 2) * h, (b[:, 1] + b[:, 3] / 2) * h
-        return i, img, ori, xyxy, lab["cls"].copy()
+        return i, img, ori, self._pixel_xyxy(i, h, w), self.labels[i]["cls"].copy()
+
+    def _pixel_xyxy(self, i: int, h: int, w: int) -> np.ndarray:
+        """Image i's boxes as pixel xyxy on its (h, w) image, a new array: (x -/+ w/2) x w, (y -/+ h/2) x h.
+        The normalized corners are kept while the image is (in the mosaic buffer, or the RAM cache): a
+        mosaic's 3 companions then cost one multiply each (1.4 us timed alone, against 9.0 us for the
+        12 column ops before, 7 us for the 4 below)."""
+        nx = self._norm_xyxy.get(i)
+        if nx is None:
+            b = self.labels[i]["bboxes"]
+            nx, half = np.empty_like(b), b[:, 2:] / 2
+            np.subtract(b[:, :2], half, out=nx[:, :2])
+            np.add(b[:, :2], half, out=nx[:, 2:])
+            if self.ims is not None or i in self._recent:
+                self._norm_xyxy[i] = nx
+        return nx * np.array((w, h, w, h), nx.dtype)
 
     # -- samples
-    def _train_sample(self, index):
+    def _train_sample(self, index, mosaic_p: float):
         rng, hyp, s = self.rng, self.hyp, self.imgsz
-        mosaic_p = float(self._aug[0])
         aff = {k: hyp[k] for k in ("degrees", "translate", "scale", "shear", "perspective")}
         if mosaic_p > 0 and rng.random() < mosaic_p:
             parts = [self._load(index)]  # first: a freshly decoded image joins the buffer it draws from
@@ -249,14 +261,14 @@ class YOLODataset(Dataset):
             return plan_sample(self, index, "device" if self.augment_device.startswith("cuda") else "cpu")
         rng, hyp = self.rng, self.hyp
         if self.augment:
-            index, img, ori, boxes, cls = self._train_sample(index)
-            mixup_p = float(self._aug[1])
+            # one read of the shared probabilities: 0.2 us, against 3.6 us for float(self._aug[k]) x 3
+            mosaic_p, mixup_p, cutmix_p = self._aug.tolist()
+            index, img, ori, boxes, cls = self._train_sample(index, mosaic_p)
             if mixup_p > 0 and rng.random() < mixup_p:
-                _, img2, _, boxes2, cls2 = self._train_sample(int(rng.integers(len(self))))
+                _, img2, _, boxes2, cls2 = self._train_sample(int(rng.integers(len(self))), mosaic_p)
                 img, boxes, cls = A.mixup(img, boxes, cls, img2, boxes2, cls2, rng)
-            cutmix_p = float(self._aug[2])
             if cutmix_p > 0 and rng.random() < cutmix_p:
-                _, img2, _, boxes2, cls2 = self._train_sample(int(rng.integers(len(self))))
+                _, img2, _, boxes2, cls2 = self._train_sample(int(rng.integers(len(self))), mosaic_p)
                 img, boxes, cls = A.cutmix(img, boxes, cls, img2, boxes2, cls2, rng)
             img = A.augment_hsv(img, rng, hyp["hsv_h"], hyp["hsv_s"], hyp["hsv_v"], to_rgb=True)  # RGB on
             if rng.random() < hyp["flipud"]:
@@ -275,12 +287,7 @@ class YOLODataset(Dataset):
             # relative to the original image, for mapping predictions back
             r0 = r * resized[0] / ori[0] if ori[0] else r
             ratio_pad = ((r0, r0), (pw, ph))
-        h, w = img.shape[:2]
-        boxes = boxes.reshape(-1, 4).astype(np.float32)
-        boxes[:, 0::2] = boxes[:, 0::2].clip(0, w)
-        boxes[:, 1::2] = boxes[:, 1::2].clip(0, h)
-        xywh = np.stack([(boxes[:, 0] + boxes[:, 2]) / (2 * w), (boxes[:, 1] + boxes[:, 3]) / (2 * h),
-                         (boxes[:, 2] - boxes[:, 0]) / w, (boxes[:, 3] - boxes[:, 1]) / h], 1)
+        xywh = _normalized_xywh(boxes, *img.shape[:2])
         if self.augment:  # RGB HWC; (3, h, w) is a view: the layout change is the device's (preprocess_batch)
             img = torch.from_numpy(img).permute(2, 0, 1)
         else:  # BGR HWC -> RGB CHW
@@ -288,9 +295,22 @@ class YOLODataset(Dataset):
         return {
             "img": img,
             "cls": torch.from_numpy(cls.reshape(-1, 1).astype(np.float32)),
-            "bboxes": torch.from_numpy(xywh.astype(np.float32)),
+            "bboxes": torch.from_numpy(xywh),
             "im_file": self.im_files[index],
             "ori_shape": tuple(ori),
             "resized_shape": tuple(resized),
             "ratio_pad": ratio_pad,
         }
+
+
+def _normalized_xywh(boxes: np.ndarray, h: int, w: int) -> np.ndarray:
+    """Pixel xyxy boxes -> float32 (n, 4) xywh normalized by the (h, w) image, the boxes clipped to it first:
+    centre (x1 + x2) / 2w, (y1 + y2) / 2h, size (x2 - x1) / w, (y2 - y1) / h, each in float32 as before
+    it was one op per column (4 ops on whole (n, 2) halves instead of ~16 on columns)."""
+    b = boxes.reshape(-1, 4).astype(np.float32)
+    np.clip(b, 0, np.array((w, h, w, h), np.float32), out=b)
+    out = np.empty_like(b)
+    np.add(b[:, :2], b[:, 2:], out=out[:, :2])
+    np.subtract(b[:, 2:], b[:, :2], out=out[:, 2:])
+    out /= np.array((2 * w, 2 * h, w, h), np.float32)
+    return out
