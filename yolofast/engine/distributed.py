@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -231,6 +232,20 @@ def barrier() -> None:
     dist.all_reduce(_FENCE[0])
 
 
+# How long a gloo rank waits, the GIL released, after leaving its group (see ``destroy_distributed``).
+_GLOO_DRAIN_S = 0.5
+
+
 def destroy_distributed() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    """Leave the process group. On gloo, then wait ``_GLOO_DRAIN_S`` with the GIL released: a gloo worker
+    thread can still hold the last reference to a finished collective's tensors (it drops it after the
+    caller's wait has returned), and dropping it needs the GIL; if Python is already shutting down then,
+    the thread is killed inside a destructor and the process aborts ("terminate called without an active
+    exception", a finished rank's SIGABRT, seen in CI with 6 processes on 2 cores even after the final
+    all-reduce). Half a second once per run gives a descheduled worker thread time to finish."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    gloo = dist.get_backend() == "gloo"
+    dist.destroy_process_group()
+    if gloo:
+        time.sleep(_GLOO_DRAIN_S)
