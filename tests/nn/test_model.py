@@ -83,7 +83,7 @@ def test_bn_settings(nano):
     bns = [m for m in nano.modules() if isinstance(m, torch.nn.BatchNorm2d)]
     assert len(bns) == 57 and all(b.eps == 1e-3 and b.momentum == 0.03 for b in bns)
     acts = [m for m in nano.modules() if isinstance(m, torch.nn.SiLU)]
-    assert acts and all(a.inplace for a in acts)
+    assert acts and not any(a.inplace for a in acts)  # in place gains nothing under autograd
 
 
 def _hand_decode(feats, b, level, i, j, nc, strides=(8, 16, 32), reg_max=16):

@@ -34,7 +34,9 @@ class Conv(nn.Module):
         self.conv = nn.Conv2d(c1, c2, k, s, autopad(k, d) if p is None else p, dilation=d, groups=g,
                               bias=False)
         self.bn = nn.BatchNorm2d(c2, eps=BN_EPS, momentum=BN_MOMENTUM)
-        self.act = nn.SiLU(inplace=True) if act else nn.Identity()
+        # Out of place: under autograd an in-place SiLU saves a copy of its input for the backward anyway
+        # (one extra write of every activation); yolo26n 320 px b16 fwd+bwd measured 0.3-3.6 % faster.
+        self.act = nn.SiLU() if act else nn.Identity()
 
     def forward(self, x):
         return self.act(self.bn(self.conv(x)))
