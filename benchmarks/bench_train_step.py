@@ -325,8 +325,17 @@ def main(variants=None, rounds: int = 5, warmup: int = 2, device: str = "cpu", n
     for v in names:
         lo, hi = shape["batch"] / max(times[v]), shape["batch"] / min(times[v])
         print(f"{v:>16}: {out[v]:7.2f} images/s  [{lo:6.2f} .. {hi:6.2f}]  ({out[v] / out[base]:.2f}x {base})"
-              f"  last loss {float(last[v]):.3f}", flush=True)
+              f"  {_paired(times[base], times[v])}  last loss {float(last[v]):.3f}", flush=True)
     return out
+
+
+def _paired(base: list[float], other: list[float]) -> str:
+    """The speed ratio to ``base`` taken within each round, then its median and quartiles: on a shared
+    machine a slow spell hits both steps of a round, so these move less than a ratio of two medians."""
+    if len(base) < 4 or base is other:
+        return ""
+    q1, med, q3 = statistics.quantiles([b / o for b, o in zip(base, other)], n=4)
+    return f"paired {med:.3f}x [{q1:.3f} .. {q3:.3f}]"
 
 
 if __name__ == "__main__":
