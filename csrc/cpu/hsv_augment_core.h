@@ -221,8 +221,9 @@ inline void join(const uint8_t* __restrict p0, const uint8_t* __restrict p1, con
   }
 }
 
-// n pixels of BGR src -> dst (RGB when rgb, else BGR); src and dst may not overlap. round: the products
-// are rounded to bytes, as OpenCV's scalar code does for the w % 64 pixels at the end of each row.
+// n pixels of BGR src -> dst (RGB when rgb, else BGR); dst is src or does not overlap it (each block is read
+// whole into the planes before its bytes are written). round: the products are rounded to bytes, as
+// OpenCV's scalar code does for the w % 64 pixels at the end of each row.
 inline void hsv_augment_run(const uint8_t* src, uint8_t* dst, int64_t n, const Tables& t, bool rgb,
                             bool round = false) {
   alignas(64) uint8_t b[kHsvBlock] = {}, g[kHsvBlock] = {}, r[kHsvBlock] = {};

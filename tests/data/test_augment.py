@@ -108,6 +108,21 @@ def test_hsv():
     b = A.augment_hsv(img, np.random.default_rng(5), 0.015, 0.7, 0.4)
     assert np.array_equal(a, b) and not np.array_equal(a, img)
     assert np.array_equal(img, keep)  # input untouched
+    for gains in ((0, 0, 0), (0.015, 0.7, 0.4)):  # in place: the same bytes, written over the input
+        own = img.copy()
+        out = A.augment_hsv(own, np.random.default_rng(5), *gains, to_rgb=True, inplace=True)
+        assert np.shares_memory(out, own)
+        assert np.array_equal(own, A.augment_hsv(img, np.random.default_rng(5), *gains, to_rgb=True))
+
+
+def test_flips_in_place():
+    img = np.random.default_rng(1).integers(0, 255, (9, 14, 3), dtype=np.uint8)
+    boxes = np.array([[1.0, 2.0, 5.0, 8.0]], np.float32)
+    for flip in (A.flip_lr, A.flip_ud):
+        ref, rb = flip(img, boxes)
+        own = img.copy()
+        out, ob = flip(own, boxes, inplace=True)
+        assert np.shares_memory(out, own) and np.array_equal(own, ref) and np.array_equal(ob, rb)
 
 
 def test_mixup_keeps_both_label_sets():

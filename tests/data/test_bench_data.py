@@ -32,3 +32,4 @@ def test_bench_data_loader_table(tmp_path, split_factory, capsys):
     out = capsys.readouterr().out
     assert rc == 0 and "2 alternating rounds of 3 batches" in out and "workers=2" in out
     assert "CPU seconds per batch, all processes" in out and "nan" not in out
+    assert "min(8 x batch, 1000) images, holds all 8 of this split" in out  # 8 x batch 2 >= 8 images

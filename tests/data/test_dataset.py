@@ -195,12 +195,27 @@ def test_augment_never_writes_into_ram_cache(tmp_path, split_factory):
     # a square image of exactly imgsz: letterbox and the identity affine hand back the cached array itself
     square = np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)
     cv2.imwrite(str(img_dir / "a.jpg"), square)
-    hyp = dict(mosaic=0.0, translate=0.0, scale=0.0, fliplr=0.0, hsv_v=0.9)  # identity geometry, HSV on
-    ds = build_dataset(str(img_dir), imgsz=64, augment=True, nc=1, cache="ram", hyp=hyp)
-    before = ds.ims[0][0].copy()
-    outs = [ds[0]["img"] for _ in range(3)]
-    assert np.array_equal(ds.ims[0][0], before)
-    assert not torch.equal(outs[0], outs[1])  # HSV really ran
+    # HSV and the flips write in place into the sample's own image: never into the cached one
+    for flips in ((0.0, 0.0), (1.0, 1.0)):
+        hyp = dict(mosaic=0.0, translate=0.0, scale=0.0, fliplr=flips[0], flipud=flips[1], hsv_v=0.9)
+        ds = build_dataset(str(img_dir), imgsz=64, augment=True, nc=1, cache="ram", hyp=hyp)
+        before = ds.ims[0][0].copy()
+        outs = [ds[0]["img"] for _ in range(3)]
+        assert np.array_equal(ds.ims[0][0], before)
+        assert not torch.equal(outs[0], outs[1])  # HSV really ran
+
+
+def test_augment_never_writes_into_mosaic_buffer(tmp_path, split_factory):
+    img_dir = split_factory(tmp_path, {k: "0 0.5 0.5 0.2 0.2\n" for k in "abcd"})
+    ds = build_dataset(str(img_dir), imgsz=64, augment=True, nc=1, batch_size=1, hyp=dict(flipud=0.5))
+    for i in range(4):
+        ds[i]
+    before = {i: ds._recent[i][0].copy() for i in ds.buffer}
+    assert len(before) == 4
+    for k in range(12):
+        ds[k % 4]
+        for i in before:
+            assert np.array_equal(ds._recent[i][0], before[i])
 
 
 def test_no_labels_folder_warns(tmp_path, split_factory, ylog):

@@ -107,6 +107,26 @@ def test_shapes_strides_and_draws(shape):
     np.testing.assert_array_equal(A.hsv_apply_compiled(view, lut, True), A.hsv_apply_opencv(view, lut, True))
 
 
+@pytest.mark.parametrize("shape", [(1, 1, 3), (7, 13, 3), (480, 640, 3), (3, 1000, 3), (5, 608, 3)])
+def test_in_place_gives_the_same_bytes(shape):
+    """``hsv_augment_`` (and the OpenCV path's ``inplace``) write over the image the bytes the out-of-place
+    op returns: sizes with 64-pixel group, 256-pixel block and OpenCV scalar-row tails (608 = 9 x 64 + 32)."""
+    _kernel_or_skip()
+    rng = np.random.default_rng(7)
+    img = rng.integers(0, 256, shape, dtype=np.uint8)
+    for gains in GAINS[2:5]:
+        lut = A.hsv_luts(np.array(gains))
+        for rgb in (False, True):
+            ref = A.hsv_apply_opencv(img, lut, rgb)
+            for apply in (A.hsv_apply_compiled, A.hsv_apply_opencv):
+                own = img.copy()
+                out = apply(own, lut, rgb, inplace=True)
+                assert np.shares_memory(out, own)
+                np.testing.assert_array_equal(own, ref)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        A.hsv_apply_compiled(np.zeros((4, 8, 3), np.uint8)[:, ::2], A.hsv_luts(np.ones(3)), True, True)
+
+
 def test_scalar_tail_follows_opencvs_vector_step():
     """The last width % step pixels of each row are rounded, the others truncated, step being OpenCV's pixels
     per vector step (64 with AVX-512 here; 32 on an AVX2 CPU): a 96-pixel row with step 32 has no tail, so

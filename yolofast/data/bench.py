@@ -259,13 +259,13 @@ def bench_data_main(argv: list[str]) -> int:
     rates = measure(engines, args.blocks, args.block_size)
     _print_table(rates, args, data)
     if args.loader:
-        _loader_table(args, train, data)
+        _loader_table(args, train, data, engines["yolofast"])
     if args.device:
         print("\n" + "\n".join(device_table(train, data["nc"], args.imgsz, args.batch, args.device)))
     return 0
 
 
-def _loader_table(args, train, data):
+def _loader_table(args, train, data, ds):
     import os
 
     w, n, rounds = (0, args.loader), args.loader_batches, args.loader_rounds
@@ -286,6 +286,11 @@ def _loader_table(args, train, data):
           f"({min(tot[args.loader]):.4f}-{max(tot[args.loader]):.4f}; main process "
           f"{statistics.median(cpu[args.loader]['main']):.4f}): on {args.loader} free cores "
           f"workers={args.loader} would reach ~{args.loader * c0 / cw:.2f}x")
+    if ds.ims is None and ds.max_buffer >= len(ds):
+        print(f"(the mosaic buffer, min(8 x batch, 1000) images, holds all {len(ds)} of this split: after "
+              f"the warm-up no worker decodes a JPEG, and the samples are copies and "
+              f"warps, which the cores' shared memory bandwidth limits more than decodes; on a larger set "
+              f"each sample decodes one image)")
     load = max(load0, os.getloadavg()[0])
     if load > 0.5:
         print(f"(other jobs ran meanwhile, load average up to {load:.1f}: the wall-clock ratio measures them "

@@ -236,6 +236,8 @@ class YOLODataset(Dataset):
 
     # -- samples
     def _train_sample(self, index, mosaic_p: float):
+        """(index, image, original shape, boxes, classes) of a mosaic or a single warped image: an image of
+        its own (never the buffered or cached one), which the later steps may overwrite."""
         rng, hyp, s = self.rng, self.hyp, self.imgsz
         aff = {k: hyp[k] for k in ("degrees", "translate", "scale", "shear", "perspective")}
         if mosaic_p > 0 and rng.random() < mosaic_p:
@@ -246,10 +248,12 @@ class YOLODataset(Dataset):
                                               [p[4] for p in parts], s, rng, **aff)
         else:
             shape = self._shape(index)
-            index, img, ori, boxes, cls = self._load(index)
-            img, r, (pw, ph) = A.letterbox(img, shape, scaleup=not self.rect)
+            index, loaded, ori, boxes, cls = self._load(index)
+            img, r, (pw, ph) = A.letterbox(loaded, shape, scaleup=not self.rect)
             boxes = boxes * r + np.array([pw, ph, pw, ph], np.float32)
             img, boxes, cls = A.random_affine(img, boxes, cls, rng, **aff)
+            if np.may_share_memory(img, loaded):  # no resize, pad or warp: the buffered/cached image itself
+                img = np.array(img, order="C")
         return index, img, ori, boxes, cls
 
     def _shape(self, index):
@@ -270,11 +274,12 @@ class YOLODataset(Dataset):
             if cutmix_p > 0 and rng.random() < cutmix_p:
                 _, img2, _, boxes2, cls2 = self._train_sample(int(rng.integers(len(self))), mosaic_p)
                 img, boxes, cls = A.cutmix(img, boxes, cls, img2, boxes2, cls2, rng)
-            img = A.augment_hsv(img, rng, hyp["hsv_h"], hyp["hsv_s"], hyp["hsv_v"], to_rgb=True)  # RGB on
+            # in place from here: img is the sample's own (mixup/cutmix keep that); RGB from here on
+            img = A.augment_hsv(img, rng, hyp["hsv_h"], hyp["hsv_s"], hyp["hsv_v"], to_rgb=True, inplace=True)
             if rng.random() < hyp["flipud"]:
-                img, boxes = A.flip_ud(img, boxes)
+                img, boxes = A.flip_ud(img, boxes, inplace=True)
             if rng.random() < hyp["fliplr"]:
-                img, boxes = A.flip_lr(img, boxes)
+                img, boxes = A.flip_lr(img, boxes, inplace=True)
             if hyp["bgr"] and rng.random() < hyp["bgr"]:
                 img = np.ascontiguousarray(img[..., ::-1])  # RGB <-> BGR: the model sees the swapped order
             resized, ratio_pad = img.shape[:2], None

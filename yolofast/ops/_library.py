@@ -259,3 +259,9 @@ def hsv_augment(img: Tensor, lut: Tensor, rgb: bool, step: int = 64) -> Tensor:
     (``step``: OpenCV's pixels per vector step on this CPU)."""
     _ensure_loaded()
     return torch.ops.yolofast.hsv_augment(img, lut, bool(rgb), int(step))
+
+
+def hsv_augment_(img: Tensor, lut: Tensor, rgb: bool, step: int = 64) -> Tensor:
+    """``hsv_augment`` written over ``img`` (contiguous), which it returns."""
+    _ensure_loaded()
+    return torch.ops.yolofast.hsv_augment_(img, lut, bool(rgb), int(step))

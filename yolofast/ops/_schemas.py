@@ -74,6 +74,7 @@ Ops (tensor shapes as in ``reference.py``):
       in one pass (CPU): OpenCV's 8-bit BGR->HSV, lut (256, 3) uint8 hue/sat/val tables, HSV->RGB (rgb) or
       BGR; the same bytes as yolofast.data.augment.augment_hsv's OpenCV path (a new tensor of img's shape)
       when step is OpenCV's pixels per vector step on this CPU (64 AVX-512, 32 AVX2, 16 SSE).
+  hsv_augment_(img!, lut, rgb, step=64) -> Tensor   the same written over img (contiguous), returned.
   _simd_lanes(x) -> int   debug: floats per SIMD vector the CPU build uses (16 AVX-512, 8 AVX2, 4 NEON).
   _threads_seen(x) -> int   debug: distinct threads that ran a kernel chunk since the last call (CPU).
   _bbox_vec_bits(x) -> int  debug: SIMD width in bits the CPU loss kernels were built for (0: scalar).
@@ -138,6 +139,7 @@ _lib.define(
     "float muon, float sgd, int steps, float eps, bool fp32) -> bool"
 )
 _lib.define("hsv_augment(Tensor img, Tensor lut, bool rgb, int step=64) -> Tensor")
+_lib.define("hsv_augment_(Tensor(a!) img, Tensor lut, bool rgb, int step=64) -> Tensor(a!)")
 
 
 # ---------------------------------------------------------------------------------------------- fake impls
@@ -253,6 +255,11 @@ def _head_decode_boxes_fake(feats, strides, reg_max):
 @torch.library.register_fake("yolofast::hsv_augment", lib=_lib)
 def _hsv_augment_fake(img, lut, rgb, step=64):
     return torch.empty_like(img, memory_format=torch.contiguous_format)
+
+
+@torch.library.register_fake("yolofast::hsv_augment_", lib=_lib)
+def _hsv_augment_inplace_fake(img, lut, rgb, step=64):
+    return img
 
 
 @torch.library.register_fake("yolofast::ema_update", lib=_lib)
