@@ -97,3 +97,16 @@ def test_workers_run_one_thread_each_and_batches_come_in_shared_memory(one_box_s
     ds = build_dataset(one_box_set, imgsz=64, nc=3)
     b = next(iter(build_dataloader(ds, 4, 2, shuffle=True)))
     assert b["img"].shape == (4, 3, 64, 64) and b["img"].is_contiguous(memory_format=torch.channels_last)
+
+
+def test_queue_depth_follows_the_shared_memory_it_costs(one_box_set):
+    """4 batches queued per worker (and 4 + 2 reusable blocks) while a worker's blocks stay under 256 MB;
+    torch's 2 for larger batches. workers=0 has no queue."""
+    ds = build_dataset(one_box_set, imgsz=64, nc=3)
+    loader = build_dataloader(ds, 4, 2, shuffle=True)
+    assert loader.prefetch_factor == 4 and loader.collate_fn.slots == 6
+    assert build_dataloader(ds, 4, 0, shuffle=True).prefetch_factor is None
+    ds.imgsz = 640  # only the batch's size matters: 16 x 640 px -> 6 x 20 MB; 64 x 640 px -> 6 x 79 MB
+    assert build_dataloader(ds, 16, 2, shuffle=True).prefetch_factor == 4
+    big = build_dataloader(ds, 64, 2, shuffle=True)
+    assert big.prefetch_factor == 2 and big.collate_fn.slots == 4
