@@ -1,9 +1,10 @@
 // yolofast::hsv_augment(Tensor img, Tensor lut, bool rgb, int step) -> Tensor, CPU (hsv_augment_: in place):
-// the training HSV augmentation of one BGR uint8 image (..., 3) in one pass (the work and its arithmetic: hsv_augment_core.h; the
-// reference: yolofast/data/augment.py augment_hsv's OpenCV path, cvtColor BGR->HSV, a 3-channel LUT,
-// cvtColor HSV->RGB/BGR). lut (256, 3) uint8: the hue (< 180), saturation and value tables. Returns a new
-// image of img's shape, RGB when rgb else BGR, the same bytes as the OpenCV path; step: OpenCV's pixels per
-// vector step on this CPU (64 AVX-512, 32 AVX2, 16 SSE), which decides the pixels it converts in scalar code.
+// the training HSV augmentation of one BGR uint8 image (..., 3) in one pass (the work and its arithmetic:
+// hsv_augment_core.h; the reference: yolofast/data/augment.py augment_hsv's OpenCV path, cvtColor BGR->HSV,
+// a 3-channel LUT, cvtColor HSV->RGB/BGR). lut (256, 3) uint8: the hue (< 180), saturation and value
+// tables. Returns a new image of img's shape (hsv_augment_: img itself), RGB when rgb else BGR, the same bytes
+// as the OpenCV path; step: OpenCV's pixels per vector step on this CPU (64 AVX-512, 32 AVX2, 16 SSE), which
+// decides the pixels it converts in scalar code.
 //
 // Rows of pixels are split across torch's threads in chunks of >= 64 K pixels (a loader worker has one
 // thread: the whole image is one chunk). 640x640: ~0.5 ms on one AMD EPYC Zen 4 core against ~1.7 ms for
@@ -24,8 +25,8 @@ constexpr int64_t kHsvGrain = 1 << 16;  // pixels per parallel chunk: ~30 us of 
 
 // The checks, the tables, then the runs from src to dst (dst == src: in place, safe because every block of
 // pixels is read into planar temporaries before its bytes are written, hsv_augment_core.h).
-void hsv_augment_into(const at::Tensor& img, const at::Tensor& src, const at::Tensor& lut, bool rgb, int64_t step,
-                      uint8_t* dp) {
+void hsv_augment_into(const at::Tensor& img, const at::Tensor& src, const at::Tensor& lut, bool rgb,
+                      int64_t step, uint8_t* dp) {
   const at::Tensor tab = lut.contiguous();
   const uint8_t* lp = tab.data_ptr<uint8_t>();
   for (int i = 0; i < 256; ++i)  // OpenCV's 8-bit hue is in [0, 180): a larger one has no sector
