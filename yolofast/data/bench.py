@@ -288,9 +288,9 @@ def _loader_table(args, train, data, ds):
           f"workers={args.loader} would reach ~{args.loader * c0 / cw:.2f}x")
     if ds.ims is None and ds.max_buffer >= len(ds):
         print(f"(the mosaic buffer, min(8 x batch, 1000) images, holds all {len(ds)} of this split: after "
-              f"the warm-up no worker decodes a JPEG, and the samples are copies and "
-              f"warps, which the cores' shared memory bandwidth limits more than decodes; on a larger set "
-              f"each sample decodes one image)")
+              f"the warm-up no worker decodes a JPEG, and the samples are copies and warps, which the cores' "
+              f"shared memory bandwidth limits more than decodes; on a larger set each sample decodes one "
+              f"image)")
     load = max(load0, os.getloadavg()[0])
     if load > 0.5:
         print(f"(other jobs ran meanwhile, load average up to {load:.1f}: the wall-clock ratio measures them "

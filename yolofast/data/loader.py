@@ -113,8 +113,7 @@ def build_dataloader(dataset, batch, workers, shuffle, rank=-1, seed=0, drop_las
     if nw > 0 and collate is collate_fn:
         # Workers stack batches into shared blocks they reuse once the main process lets go of them
         # (batch_ring.py): a fresh ~20 MB block per batch cost a worker ~16 ms of a ~65 ms batch.
-        # Blocks in flight: prefetch_factor queued, one being read, one the trainer still holds.
-        collate = BatchRing(collate_fn, nw, slots=prefetch + 2)
+        collate = BatchRing(collate_fn, nw, slots=prefetch + _SPARE_BLOCKS)
     return DataLoader(
         dataset,
         batch_size=batch,
@@ -131,6 +130,7 @@ def build_dataloader(dataset, batch, workers, shuffle, rank=-1, seed=0, drop_las
 
 
 _RING_BYTES = 256 << 20  # a worker's shared blocks for a deeper queue: at most this much (/dev/shm)
+_SPARE_BLOCKS = 2  # a worker's blocks beyond its queue: one batch being read, one the trainer still holds
 
 
 def _prefetch(dataset, batch: int) -> int:
@@ -143,4 +143,4 @@ def _prefetch(dataset, batch: int) -> int:
     within 3 runs of 24 alternating rounds, AMD EPYC Zen 4). Large batches vary less from batch to batch
     and would cost more shared memory."""
     side = int(getattr(dataset, "imgsz", 640))
-    return 4 if 6 * batch * side * side * 3 <= _RING_BYTES else 2
+    return 4 if (4 + _SPARE_BLOCKS) * batch * side * side * 3 <= _RING_BYTES else 2
